@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny random models built once per session, engine settings for CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tiny_models import build_model
+
+# Tests read proposer counters from the worker through LLM.collective_rpc(callable).
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+#: Engine settings every CPU test shares: eager (torch.compile on CPU costs minutes),
+#: float32 (greedy must be bit-exact), an explicit KV budget (the CPU default is a
+#: fraction of node memory minus the worker's RSS, which is not predictable).
+ENGINE_KWARGS = dict(
+    enforce_eager=True,
+    dtype="float32",
+    max_model_len=1024,
+    kv_cache_memory_bytes=64 * 2**20,
+    seed=0,
+)
+
+
+@pytest.fixture(scope="session")
+def llama_path(tmp_path_factory):
+    return str(build_model(tmp_path_factory.mktemp("llama"), "llama", seed=0))
+
+
+@pytest.fixture(scope="session")
+def qwen2_path(tmp_path_factory):
+    return str(build_model(tmp_path_factory.mktemp("qwen2"), "qwen2", seed=1,
+                           residual_scale=2e-3))
+
+
+def make_prompts(count: int = 8, seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of mixed lengths (6 to ~300): half repeat themselves, half do not."""
+    import random
+
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        length = [6, 300, 40, 150, 17, 220, 90, 64][i % 8]
+        if i % 2 == 0:  # repetitive: a short phrase repeated, with a little noise
+            phrase = [rng.randrange(4, 500) for _ in range(rng.randint(3, 9))]
+            tokens = [t if rng.random() > 0.05 else rng.randrange(4, 500)
+                      for _ in range(length // len(phrase) + 1) for t in phrase]
+        else:
+            tokens = [rng.randrange(4, 500) for _ in range(length)]
+        prompts.append(tokens[:length])
+    return prompts
+
+
+def generate(llm, prompts, sampling_params):
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params,
+                           use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def metrics(llm) -> dict:
+    """vLLM's counters as {name: value} (needs disable_log_stats=False)."""
+    values = {}
+    for metric in llm.get_metrics():
+        value = getattr(metric, "value", None)
+        if value is None and hasattr(metric, "values"):
+            value = list(metric.values)
+        values[metric.name] = value
+    return values
+
+
+def proposer_stats(llm):
+    """The lookahead proposer's counters on every worker (one per TP rank)."""
+    return llm.collective_rpc(lambda worker: worker.model_runner.drafter.stats)
+
+
+def shutdown(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="session")
+def llama_reference(llama_path):
+    """Plain greedy decoding of make_prompts() on the tiny Llama: the ground truth."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(llama_path, **ENGINE_KWARGS)
+    outputs = generate(llm, make_prompts(), SamplingParams(temperature=0, max_tokens=96,
+                                                           ignore_eos=True))
+    shutdown(llm)
+    return outputs

@@ -1,0 +1,162 @@
+"""Every documented spelling maps to vLLM's custom_class proposer; bad input fails early and clearly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+import vllm_lookahead  # noqa: F401  (registers, as the entry point does in vLLM processes)
+from vllm_lookahead import plugin
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, LookaheadOptions, options_table
+
+PROPOSER = "vllm_lookahead.proposer.LookaheadProposer"
+
+
+def make_arg_parser():
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser as make
+    except ImportError:  # vLLM 0.26
+        from vllm.entrypoints.openai.cli_args import make_arg_parser as make
+    return make(FlexibleArgumentParser())
+
+
+def engine_config_from_cli(argv):
+    args = make_arg_parser().parse_args(argv)
+    return AsyncEngineArgs.from_cli_args(args).create_engine_config()
+
+
+def assert_lookahead(config, num_tokens=6, **options):
+    assert config.speculative_config.method == "custom_class"
+    assert config.speculative_config.model == PROPOSER
+    assert config.speculative_config.num_speculative_tokens == num_tokens
+    stored = config.additional_config[ADDITIONAL_CONFIG_KEY]
+    assert stored["method"] == "lookahead"
+    assert {**stored, **options} == stored
+
+
+def test_entry_point_is_registered():
+    names = {ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert "vllm_lookahead.plugin:register" in names
+
+
+def test_register_is_idempotent():
+    plugin.register()
+    plugin.register()
+    wrapped = EngineArgs.create_speculative_config.__wrapped__
+    assert not hasattr(wrapped, "_vllm_lookahead_patch")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(speculative_config={"method": "lookahead", "num_speculative_tokens": 6}),
+        dict(speculative_config={"model": "[lookahead]"}),
+        dict(spec_method="lookahead"),
+        dict(speculative_model="[lookahead]"),  # legacy spelling, after import vllm_lookahead
+        dict(speculative_model="[lookahead]", num_speculative_tokens=6),
+    ],
+    ids=["dict", "model-alias", "spec_method", "speculative_model", "legacy-pair"],
+)
+def test_python_spellings(llama_path, kwargs):
+    assert_lookahead(EngineArgs(model=llama_path, **kwargs).create_engine_config())
+
+
+def test_python_options_reach_additional_config(llama_path):
+    spec = {"method": "lookahead", "num_speculative_tokens": 3, "ngram_size": 5,
+            "window_size": 2, "guess_set_size": 0, "pool_from_prompt": False}
+    config = EngineArgs(model=llama_path, speculative_config=spec).create_engine_config()
+    assert_lookahead(config, num_tokens=3, ngram_size=5, window_size=2,
+                     guess_set_size=0, pool_from_prompt=False)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--speculative-config", '{"method": "lookahead", "num_speculative_tokens": 6}'],
+        ["--speculative-config", "lookahead"],
+        ["--spec-method", "lookahead"],
+        ["--speculative-config.method", "lookahead", "--speculative-config.ngram_size", "5"],
+    ],
+    ids=["json", "bare-word", "spec-method", "dotted"],
+)
+def test_cli_spellings(llama_path, argv):
+    config = engine_config_from_cli(["--model", llama_path, *argv])
+    assert_lookahead(config)
+    if "--speculative-config.ngram_size" in argv:
+        assert config.additional_config[ADDITIONAL_CONFIG_KEY]["ngram_size"] == 5
+
+
+def test_vllm_methods_pass_through(llama_path):
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    config = EngineArgs(model=llama_path, speculative_config=spec).create_engine_config()
+    assert config.speculative_config.method == "ngram"
+    assert ADDITIONAL_CONFIG_KEY not in config.additional_config
+
+
+BAD_CONFIGS = [
+    ({"ngram_sizes": 4}, "unknown option(s) 'ngram_sizes'; accepted options: ngram_size"),
+    ({"ngram_size": 1}, "ngram_size must be an integer >= 2"),
+    ({"window_size": 0}, "window_size must be an integer >= 1"),
+    ({"guess_set_size": -1}, "guess_set_size must be an integer >= 0"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer in [1, 128]"),
+    ({"num_speculative_tokens": 129}, "num_speculative_tokens must be an integer in [1, 128]"),
+    ({"pool_from_prompt": "yes"}, "pool_from_prompt must be true or false"),
+    ({"pool_max_per_key": 0}, "pool_max_per_key must be an integer >= 1"),
+    ({"suffix_match_min": 5, "suffix_match_max": 3}, "suffix_match_min must be <= suffix_match_max"),
+    ({"prompt_lookup_max": 3}, "prompt_lookup_max cannot be used with method 'lookahead'"),
+    ({"model": "some/draft-model"}, "method 'lookahead' has no draft model"),
+]
+
+
+@pytest.mark.parametrize("options,message", BAD_CONFIGS, ids=[str(o) for o, _ in BAD_CONFIGS])
+def test_bad_options_name_the_option_and_accepted_values(llama_path, options, message):
+    spec = {"method": "lookahead", **options}
+    with pytest.raises(ValueError) as error:
+        EngineArgs(model=llama_path, speculative_config=spec).create_engine_config()
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("options,message", BAD_CONFIGS[:4])
+def test_bad_cli_options_are_argparse_errors(llama_path, options, message, capsys):
+    import json
+
+    spec = json.dumps({"method": "lookahead", **options})
+    with pytest.raises(SystemExit) as exit_info:
+        make_arg_parser().parse_args(["--model", llama_path, "--speculative-config", spec])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_incompatible_vllm_is_a_clear_error(llama_path, monkeypatch, capsys):
+    monkeypatch.setattr(plugin, "missing_features", lambda: ["create_custom_proposer"])
+    with pytest.raises(ValueError, match=r"needs vLLM 0.26 - 0.32; the installed vLLM .* "
+                                         r"lacks: create_custom_proposer"):
+        EngineArgs(model=llama_path, spec_method="lookahead").create_engine_config()
+    with pytest.raises(SystemExit):
+        make_arg_parser().parse_args(["--model", llama_path, "--speculative-config", "lookahead"])
+    assert "lacks: create_custom_proposer" in capsys.readouterr().err
+
+
+def test_server_rejects_bad_option_at_startup_without_traceback(llama_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", llama_path,
+         "--speculative-config", '{"method": "lookahead", "ngram_size": 1}'],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert "ngram_size must be an integer >= 2" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_readme_documents_every_option():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    assert options_table() in readme
+    for name in LookaheadOptions.names():
+        assert f"`{name}`" in readme

@@ -1,0 +1,211 @@
+"""Proposer and pool logic without an engine: drafts, bounds, harvest, request lifecycle."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.pool import NgramPool, _suffix_match
+from vllm_lookahead.proposer import LookaheadProposer
+from vllm_lookahead.worker import VerificationCapture
+
+MAX_LEN = 64
+
+
+def make_proposer(k=4, max_model_len=MAX_LEN, **options):
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+        additional_config={ADDITIONAL_CONFIG_KEY: {"method": "lookahead", **options}},
+    )
+    proposer = LookaheadProposer(config)
+    runner = SimpleNamespace(
+        input_batch=SimpleNamespace(req_ids=[], num_prompt_tokens=np.zeros(8, np.int32)),
+        requests={},
+    )
+    proposer.bind_model_runner(runner)
+    proposer.load_model(None)
+    return proposer, runner
+
+
+class Batch:
+    """The runner's token buffer, as vLLM hands it to ``propose``."""
+
+    def __init__(self, runner, contexts: dict[str, list[int]], prompt_lens=None):
+        self.runner = runner
+        self.tokens = np.zeros((8, MAX_LEN), dtype=np.int32)
+        self.num_tokens = np.zeros(8, dtype=np.int32)
+        self.set(contexts, prompt_lens)
+
+    def set(self, contexts, prompt_lens=None):
+        self.runner.input_batch.req_ids = list(contexts)
+        self.runner.requests.update(dict.fromkeys(contexts))
+        for row, context in enumerate(contexts.values()):
+            self.tokens[row, : len(context)] = context
+            self.num_tokens[row] = len(context)
+            self.runner.input_batch.num_prompt_tokens[row] = (prompt_lens or {}).get(row, 1)
+
+    def propose(self, proposer, sampled):
+        return proposer.propose(sampled, self.num_tokens, self.tokens)
+
+
+def reference_suffix_match(tokens, min_n, max_n, max_out):
+    """Longest suffix (min_n..max_n) with its most recent earlier occurrence."""
+    n = len(tokens)
+    for length in range(max_n, min_n - 1, -1):
+        if length >= n:
+            continue
+        suffix = tokens[n - length :]
+        for end in range(n - 2, length - 2, -1):
+            if tokens[end - length + 1 : end + 1] == suffix:
+                return tokens[end + 1 : end + 1 + max_out]
+    return []
+
+
+def test_suffix_match_agrees_with_reference():
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(1, 40)
+        tokens = [rng.randint(0, 4) for _ in range(n)]
+        out = np.zeros(5, dtype=np.int32)
+        count = _suffix_match(np.array(tokens, np.int32), n, 2, 4, 5, out)
+        assert out[:count].tolist() == reference_suffix_match(tokens, 2, 4, 5), tokens
+
+
+def test_pool_lru_bounds_and_ranking():
+    pool = NgramPool(ngram_size=3, max_per_key=2, max_keys=2)
+    pool.add(1, (2, 3))
+    pool.add(1, (4, 5))
+    pool.add(1, (4, 5))
+    assert pool.best(1, guess_set_size=2) == (4, 5)  # most frequent
+    pool.add(1, (6, 7))  # evicts (2, 3), the least recently used
+    assert pool.num_entries == 2
+    assert pool.best(1, guess_set_size=1) == (6, 7)  # only the newest is considered
+    pool.add(2, (1, 1))
+    pool.add(3, (1, 1))  # third key: evicts key 1, the least recently used
+    assert pool.best(1, 2) is None and pool.num_entries == 2
+    assert pool.best(2, 0) is None  # G = 0 disables pool drafts
+
+
+def test_draft_prefers_context_match():
+    proposer, runner = make_proposer(k=4, ngram_size=3)
+    # the suffix "7 8 9" occurred before, followed by "10 11 20 7"
+    batch = Batch(runner, {"a": [11, 12, 13, 7, 8, 9, 10, 11, 20, 7, 8, 9]})
+    assert batch.propose(proposer, [[9]]) == [[10, 11, 20, 7]]
+
+
+def test_short_context_match_is_filled_by_chained_pool_lookups():
+    proposer, runner = make_proposer(k=6, ngram_size=3)
+    # "20 21" matches at the start, leaving 4 tokens; the pool continues 21 -> (22, 9)
+    batch = Batch(runner, {"a": [20, 21, 22, 9, 20, 21]})
+    assert batch.propose(proposer, [[21]]) == [[22, 9, 20, 21, 22, 9]]
+    assert proposer.stats.suffix_tokens == 4 and proposer.stats.pool_tokens == 2
+
+
+def test_empty_draft_when_nothing_matches():
+    proposer, runner = make_proposer(k=4)
+    batch = Batch(runner, {"a": [1, 2, 3, 4]})
+    assert batch.propose(proposer, [[4]]) == [[]]
+
+
+def test_drafts_never_exceed_k_or_max_model_len():
+    proposer, runner = make_proposer(k=4)
+    periodic = [1, 2, 3] * 25
+    batch = Batch(runner, {"a": periodic[:30], "b": periodic[: MAX_LEN - 3]})
+    drafts = batch.propose(proposer, [[3], [3]])
+    assert len(drafts[0]) == 4
+    assert len(drafts[1]) == 2  # MAX_LEN - num_tokens - 1
+
+
+def test_partial_prefill_rows_get_no_draft():
+    proposer, runner = make_proposer()
+    batch = Batch(runner, {"a": [1, 2, 1, 2, 1, 2], "b": [1, 2, 1, 2, 1, 2]})
+    drafts = batch.propose(proposer, [[], [2]])
+    assert drafts[0] == [] and drafts[1]
+
+
+def test_state_freed_on_finish_or_preemption_and_rebuilt_on_resume():
+    proposer, runner = make_proposer(ngram_size=2)
+    batch = Batch(runner, {"a": [5, 6, 5, 6, 5], "b": [1, 2, 3], "c": [7, 8]})
+    batch.propose(proposer, [[5], [3], [8]])
+    assert set(proposer._states) == {"a", "b", "c"}
+    proposer.on_requests_removed({"a"})  # preempted (the runner keeps its cached state)
+    batch.set({"b": [1, 2, 3, 4]})  # c is only unscheduled this step: its state stays
+    batch.propose(proposer, [[4]])
+    assert set(proposer._states) == {"b", "c"}
+    batch.set({"b": [1, 2, 3, 4, 1], "a": [5, 6, 5, 6, 5, 6]})  # a resumed
+    drafts = batch.propose(proposer, [[1], [6]])
+    assert drafts[1][:2] == [5, 6]
+    del runner.requests["c"]  # finished while unscheduled: the safety net frees it
+    batch.propose(proposer, [[1], [6]])
+    assert set(proposer._states) == {"a", "b"}
+    assert proposer.stats.active_requests == 2
+
+
+def test_pool_from_prompt_off_ignores_prompt_ngrams():
+    prompt = [3, 4, 5, 9, 9, 3]
+    on, runner_on = make_proposer(k=3, ngram_size=3, suffix_match_min=3)
+    off, runner_off = make_proposer(k=3, ngram_size=3, suffix_match_min=3,
+                                    pool_from_prompt=False)
+    assert Batch(runner_on, {"a": prompt}, {0: 6}).propose(on, [[3]]) == [[4, 5, 9]]
+    assert Batch(runner_off, {"a": prompt}, {0: 6}).propose(off, [[3]]) == [[]]
+
+
+def capture(drafts, predictions, bonus):
+    flat = [t for d in drafts for t in d]
+    return VerificationCapture(
+        num_draft_tokens=[len(d) for d in drafts],
+        draft_token_ids=torch.tensor(flat),
+        target_argmax=torch.tensor([t for p in predictions for t in p]),
+        bonus_token_ids=torch.tensor(bonus),
+    )
+
+
+def test_jacobi_harvest_reads_predictions_after_the_first_rejection():
+    proposer, runner = make_proposer(k=4, ngram_size=3, suffix_match_min=2)
+    context = [40, 41, 42, 43, 44, 30, 40, 41]
+    batch = Batch(runner, {"a": context})
+    draft = batch.propose(proposer, [[41]])[0]
+    assert draft == [42, 43, 44, 30]
+    # Target: accepts 42, predicts 50 instead of 43, then (conditioned on the
+    # rejected draft) 51 after 43, 52 after 44, bonus 53 after 30.
+    proposer.on_verification(capture([draft], [[42, 50, 51, 52]], [53]))
+    batch.set({"a": context + [42, 50]})
+    batch.propose(proposer, [[42, 50]])
+    pool = proposer._states["a"].pool
+    assert pool.best(43, 8) == (51, 52)  # Jacobi n-grams past the rejection
+    assert pool.best(44, 8) == (52, 53)
+    assert proposer.stats.harvested_ngrams == 3  # keys 42, 43, 44; the key-41 window is output
+
+
+def test_harvest_ignores_dummy_runs_and_foreign_drafts():
+    proposer, runner = make_proposer(k=2, ngram_size=2)
+    batch = Batch(runner, {"a": [7, 8, 7]})
+    assert batch.propose(proposer, [[7]]) == [[8, 7]]
+    # vLLM's warm-up dummy sampler run: a different number of rows
+    proposer.on_verification(capture([[0], [0]], [[1], [1]], [1, 1]))
+    batch.set({"a": [7, 8, 7, 8]})
+    batch.propose(proposer, [[8]])
+    assert proposer.stats.harvested_ngrams == 0
+    # a capture whose drafts are not the ones proposed for this request
+    proposer.on_verification(capture([[99, 98]], [[97, 96]], [95]))
+    batch.set({"a": [7, 8, 7, 8, 7]})
+    batch.propose(proposer, [[7]])
+    assert proposer.stats.harvested_ngrams == 0
+
+
+def test_unbound_runner_fails_at_load_model():
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=2),
+        model_config=SimpleNamespace(max_model_len=MAX_LEN),
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+        additional_config={},
+    )
+    with pytest.raises(RuntimeError, match="not bound"):
+        LookaheadProposer(config).load_model(None)

@@ -1,0 +1,131 @@
+"""The OpenAI-compatible server with lookahead: same answers as without it, counters move."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from openai import OpenAI
+
+SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+               "--kv-cache-memory-bytes", str(64 * 2**20), "--seed", "0"]
+COMPLETION_PROMPTS = ["def decode(self, s):", "import json\nclass JSONEncoder(object):"]
+CHAT = [{"role": "user", "content": "Explain what JSONDecodeError means."}]
+GENERATION = dict(max_tokens=96, temperature=0, extra_body={"ignore_eos": True})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: str, extra_args: list[str], log_path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+             "--host", "127.0.0.1", "--port", str(self.port), *SERVER_ARGS, *extra_args],
+            stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+        )
+        self.client = OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"server exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(1)
+        pytest.fail(f"server not ready in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def metric(self, name: str) -> float:
+        text = requests.get(f"{self.url}/metrics", timeout=10).text
+        values = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+        return sum(map(float, values))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def servers(llama_path, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("server-logs")
+    plain = Server(llama_path, [], logs / "plain.log")
+    lookahead = Server(llama_path, ["--speculative-config", "lookahead"], logs / "lookahead.log")
+    try:
+        plain.wait_ready()
+        lookahead.wait_ready()
+        yield plain, lookahead
+    finally:
+        plain.stop()
+        lookahead.stop()
+
+
+def completion_texts(server, stream=False):
+    texts = []
+    for prompt in COMPLETION_PROMPTS:
+        if stream:
+            chunks = server.client.completions.create(
+                model=server.client.models.list().data[0].id, prompt=prompt, stream=True,
+                **GENERATION)
+            texts.append("".join(c.choices[0].text for c in chunks))
+        else:
+            response = server.client.completions.create(
+                model=server.client.models.list().data[0].id, prompt=prompt, **GENERATION)
+            texts.append(response.choices[0].text)
+    return texts
+
+
+def chat_text(server, stream=False):
+    model = server.client.models.list().data[0].id
+    if stream:
+        chunks = server.client.chat.completions.create(model=model, messages=CHAT, stream=True,
+                                                       **GENERATION)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    response = server.client.chat.completions.create(model=model, messages=CHAT, **GENERATION)
+    return response.choices[0].message.content
+
+
+def test_completions_equal_plain_server(servers):
+    plain, lookahead = servers
+    expected = completion_texts(plain)
+    assert all(expected)
+    assert completion_texts(lookahead) == expected
+
+
+def test_streaming_completions_equal_plain_server(servers):
+    plain, lookahead = servers
+    assert completion_texts(lookahead, stream=True) == completion_texts(plain)
+
+
+def test_chat_and_streaming_chat_equal_plain_server(servers):
+    plain, lookahead = servers
+    expected = chat_text(plain)
+    assert expected
+    assert chat_text(lookahead) == expected
+    assert chat_text(lookahead, stream=True) == expected
+
+
+def test_spec_decode_counters_move(servers):
+    _, lookahead = servers
+    drafts_before = lookahead.metric("vllm:spec_decode_num_drafts_total")
+    accepted_before = lookahead.metric("vllm:spec_decode_num_accepted_tokens_total")
+    completion_texts(lookahead)
+    assert lookahead.metric("vllm:spec_decode_num_drafts_total") > drafts_before
+    assert lookahead.metric("vllm:spec_decode_num_accepted_tokens_total") > accepted_before

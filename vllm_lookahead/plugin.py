@@ -1,0 +1,248 @@
+"""Registration of the ``lookahead`` speculative method with vLLM.
+
+vLLM has no registry for speculative methods, but it has a generic hook, the
+``custom_class`` proposer. This module maps our method names onto it, carrying our
+options in ``VllmConfig.additional_config``, and teaches the CLI the new names.
+``register`` is the ``vllm.general_plugins`` entry point: it runs in every vLLM
+process (API server, engine core, each worker), so every step is idempotent.
+
+Touch points in the configuration layer (the worker-side ones are in ``worker.py``):
+
+| vLLM attribute | patch | why | verified on |
+|---|---|---|---|
+| ``EngineArgs.create_speculative_config`` | wrapped | rewrites ``lookahead`` to ``custom_class`` + options | 0.32.0 (CPU) |
+| ``EngineArgs.add_cli_args`` | wrapped | ``--speculative-config lookahead`` (bare word), ``--spec-method lookahead``, validation as argparse errors | 0.32.0 (CPU) |
+| ``EngineArgs.__init__``, ``AsyncEngineArgs.__init__`` | wrapped | legacy ``speculative_model=`` / ``num_speculative_tokens=`` keywords | 0.32.0 (CPU) |
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+from typing import Any
+
+from vllm_lookahead import _patching
+from vllm_lookahead.options import (
+    ADDITIONAL_CONFIG_KEY,
+    DEFAULT_SPEC_TOKENS,
+    LookaheadOptions,
+    check_num_speculative_tokens,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Our method names and the proposer class vLLM's ``custom_class`` path loads.
+METHODS = {"lookahead": "vllm_lookahead.proposer.LookaheadProposer"}
+#: ``speculative_config["model"]`` spellings that select a method without ``method``.
+MODEL_ALIASES = {"lookahead": "lookahead", "[lookahead]": "lookahead"}
+#: ``SpeculativeConfig`` fields that mean something for a draft-free method.
+SPEC_FIELDS_ACCEPTED = ("method", "model", "num_speculative_tokens")
+SUPPORTED_VLLM = "0.26 - 0.32"
+
+
+def missing_features() -> list[str]:
+    """vLLM extension points the methods need and this vLLM lacks (feature detection)."""
+    missing = []
+    try:
+        from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer  # noqa: F401
+    except ImportError:
+        missing.append("vllm.v1.spec_decode.custom_class_proposer.create_custom_proposer")
+    try:
+        from vllm.config import SpeculativeConfig
+
+        if "custom_class" not in str(SpeculativeConfig.__dataclass_fields__["method"].type):
+            missing.append("SpeculativeConfig.method 'custom_class'")
+    except (ImportError, KeyError):
+        missing.append("vllm.config.SpeculativeConfig")
+    try:
+        from vllm.v1.sample import rejection_sampler
+
+        params = list(inspect.signature(rejection_sampler.rejection_sample).parameters)
+        expected = ["draft_token_ids", "num_draft_tokens", "max_spec_len",
+                    "cu_num_draft_tokens", "draft_probs", "target_logits", "bonus_token_ids"]
+        if params[: len(expected)] != expected:
+            missing.append("rejection_sample(draft_token_ids, ..., bonus_token_ids) signature")
+    except (ImportError, AttributeError):
+        missing.append("vllm.v1.sample.rejection_sampler.rejection_sample")
+    return missing
+
+
+def _vllm_version() -> str:
+    try:
+        import vllm
+
+        return vllm.__version__
+    except Exception:  # noqa: BLE001 - only used in an error message
+        return "unknown"
+
+
+def selected_method(spec: dict[str, Any]) -> str | None:
+    """Our method that ``spec`` asks for, or None if it asks for a vLLM method."""
+    method, model = spec.get("method"), spec.get("model")
+    if method in METHODS:
+        if model is not None and MODEL_ALIASES.get(model) != method:
+            raise ValueError(
+                f"speculative_config: method {method!r} has no draft model; "
+                f"leave 'model' unset (got model={model!r})"
+            )
+        return method
+    if method is None and model in MODEL_ALIASES:
+        return MODEL_ALIASES[model]
+    return None
+
+
+def rewrite_speculative_config(
+    spec: dict[str, Any], additional_config: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Map a request for one of our methods onto vLLM's ``custom_class`` proposer.
+
+    Returns the ``speculative_config`` and ``additional_config`` to hand to vLLM;
+    a spec that does not select one of our methods comes back unchanged. Raises
+    ``ValueError`` naming the offending option and the accepted values.
+    """
+    method = selected_method(spec)
+    additional_config = dict(additional_config or {})
+    if method is None:
+        return spec, additional_config
+    missing = missing_features()
+    if missing:
+        raise ValueError(
+            f"speculative method {method!r} needs vLLM {SUPPORTED_VLLM}; the installed "
+            f"vLLM {_vllm_version()} lacks: {', '.join(missing)}"
+        )
+    spec_fields = _speculative_config_fields()
+    rejected = sorted(k for k in spec if k in spec_fields and k not in SPEC_FIELDS_ACCEPTED)
+    if rejected:
+        raise ValueError(
+            f"speculative_config: {', '.join(rejected)} cannot be used with method "
+            f"{method!r}; accepted: num_speculative_tokens and the options "
+            f"{', '.join(LookaheadOptions.names())}"
+        )
+    options = LookaheadOptions.from_dict({k: v for k, v in spec.items() if k not in spec_fields})
+    num_tokens = check_num_speculative_tokens(
+        spec.get("num_speculative_tokens", DEFAULT_SPEC_TOKENS)
+    )
+    additional_config[ADDITIONAL_CONFIG_KEY] = {"method": method, **options.to_dict()}
+    rewritten = {
+        "method": "custom_class",
+        "model": METHODS[method],
+        "num_speculative_tokens": num_tokens,
+    }
+    return rewritten, additional_config
+
+
+def _speculative_config_fields() -> set[str]:
+    from vllm.config import SpeculativeConfig
+
+    return set(SpeculativeConfig.__dataclass_fields__)
+
+
+def _fold_spec_aliases(engine_args: Any) -> None:
+    """Fold ``spec_method``/``spec_model``/``spec_tokens`` into ``speculative_config``.
+
+    Mirrors what ``create_speculative_config`` does, earlier, so that the method name
+    is visible to the rewrite; the aliases are cleared so vLLM does not fold twice.
+    """
+    for flag, attr, key in (
+        ("--spec-method", "spec_method", "method"),
+        ("--spec-model", "spec_model", "model"),
+        ("--spec-tokens", "spec_tokens", "num_speculative_tokens"),
+    ):
+        value = getattr(engine_args, attr, None)
+        if value is None:
+            continue
+        spec = dict(engine_args.speculative_config or {})
+        if key in spec:
+            raise ValueError(f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+        spec[key] = value
+        engine_args.speculative_config = spec
+        setattr(engine_args, attr, None)
+
+
+def _patch_create_speculative_config(engine_args_cls: type) -> None:
+    def make_wrapper(original):
+        def create_speculative_config(self, *args, **kwargs):
+            _fold_spec_aliases(self)
+            if isinstance(self.speculative_config, dict):
+                spec = {k.replace("-", "_"): v for k, v in self.speculative_config.items()}
+                self.speculative_config, self.additional_config = rewrite_speculative_config(
+                    spec, self.additional_config
+                )
+            return original(self, *args, **kwargs)
+
+        return create_speculative_config
+
+    _patching.wrap(engine_args_cls, "create_speculative_config", make_wrapper)
+
+
+def parse_speculative_config_arg(text: str) -> dict[str, Any] | None:
+    """``--speculative-config`` value: JSON as before, or a bare method name."""
+    if text in ("", "None"):
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {exc}") from exc
+    else:
+        spec = {"method": text.strip()}
+    try:
+        rewrite_speculative_config(spec, None)  # validate now: a clean argparse error
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return spec
+
+
+def _patch_cli(engine_args_cls: type) -> None:
+    def make_wrapper(original):
+        def add_cli_args(parser, *args, **kwargs):
+            parser = original(parser, *args, **kwargs)
+            actions = getattr(parser, "_option_string_actions", {})
+            if "--speculative-config" in actions:
+                actions["--speculative-config"].type = parse_speculative_config_arg
+            spec_method = actions.get("--spec-method")
+            if spec_method is not None and spec_method.choices is not None:
+                spec_method.choices = [*spec_method.choices, *METHODS]
+            return parser
+
+        return add_cli_args
+
+    _patching.wrap(engine_args_cls, "add_cli_args", make_wrapper)
+
+
+def _patch_legacy_kwargs(engine_args_cls: type) -> None:
+    """Accept ``speculative_model=`` and ``num_speculative_tokens=`` (pre-0.7 spellings)."""
+
+    def make_wrapper(original):
+        def __init__(self, *args, speculative_model=None, num_speculative_tokens=None, **kwargs):
+            if speculative_model is not None or num_speculative_tokens is not None:
+                spec = dict(kwargs.get("speculative_config") or {})
+                for key, value in (("model", speculative_model),
+                                   ("num_speculative_tokens", num_speculative_tokens)):
+                    if value is not None:
+                        spec.setdefault(key, value)
+                kwargs["speculative_config"] = spec
+            original(self, *args, **kwargs)
+
+        return __init__
+
+    _patching.wrap(engine_args_cls, "__init__", make_wrapper)
+
+
+def register() -> None:
+    """Entry point of ``vllm.general_plugins``; idempotent, runs in every vLLM process."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+    except ImportError as exc:  # vLLM too different to even parse our method
+        logger.error("vllm-lookahead: cannot register with this vLLM (%s)", exc)
+        return
+    _patch_create_speculative_config(EngineArgs)
+    _patch_cli(EngineArgs)
+    for cls in (EngineArgs, AsyncEngineArgs):
+        _patch_legacy_kwargs(cls)
+
+    from vllm_lookahead import worker
+
+    worker.install()

@@ -1,0 +1,108 @@
+"""Per-request n-gram pool and the suffix matcher that drafts from the context.
+
+The pool maps a key token to continuations of N-1 tokens (least recently used
+evicted per key and across keys, so memory per request is bounded by
+``max_keys * max_per_key * (N-1)`` tokens). The suffix matcher scans the request's
+own context (prompt and output) in compiled code: it is the one loop whose cost
+grows with the context, so it must not run in the interpreter.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+Continuation = tuple[int, ...]
+
+
+class NgramPool:
+    """Continuations seen after each key token, with how often each was seen."""
+
+    def __init__(self, ngram_size: int, max_per_key: int, max_keys: int):
+        self.ngram_size = ngram_size
+        self.max_per_key = max_per_key
+        self.max_keys = max_keys
+        self._table: dict[int, dict[Continuation, int]] = {}
+        self.num_entries = 0
+
+    def add(self, key: int, continuation: Continuation) -> None:
+        entries = self._table.pop(key, None)  # re-inserted below: most recent key last
+        if entries is None:
+            entries = {}
+            if len(self._table) >= self.max_keys:
+                evicted = self._table.pop(next(iter(self._table)))
+                self.num_entries -= len(evicted)
+        count = entries.pop(continuation, None)
+        if count is None:
+            self.num_entries += 1
+            count = 0
+        entries[continuation] = count + 1
+        if len(entries) > self.max_per_key:
+            del entries[next(iter(entries))]
+            self.num_entries -= 1
+        self._table[key] = entries
+
+    def add_ngrams(self, tokens: list[int], count: int) -> None:
+        """Add the n-grams of ``tokens`` that begin at its first ``count`` positions."""
+        n = self.ngram_size
+        for i in range(count):
+            self.add(tokens[i], tuple(tokens[i + 1 : i + n]))
+
+    def best(self, key: int, guess_set_size: int) -> Continuation | None:
+        """Most frequent of the ``guess_set_size`` most recent continuations of ``key``."""
+        entries = self._table.get(key)
+        if not entries or guess_set_size == 0:
+            return None
+        recent = list(entries.items())[-guess_set_size:]
+        # max keeps the first maximum: scan newest first so ties go to the newest
+        return max(reversed(recent), key=lambda item: item[1])[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _suffix_match(tokens, num_tokens, min_n, max_n, max_out, out):
+    """Continuation after the most recent earlier occurrence of the longest suffix.
+
+    Tries suffixes of ``min_n .. max_n`` tokens of ``tokens[:num_tokens]``; copies up
+    to ``max_out`` tokens that followed the match into ``out`` and returns how many.
+    """
+    if num_tokens < min_n + 1 or max_out <= 0:
+        return 0
+    last = tokens[num_tokens - 1]
+    best_len = 0
+    best_end = -1
+    for end in range(num_tokens - 2, -1, -1):
+        if tokens[end] != last:
+            continue
+        length = 1
+        while (length < max_n and end - length >= 0
+               and tokens[end - length] == tokens[num_tokens - 1 - length]):
+            length += 1
+        if length > best_len:
+            best_len = length
+            best_end = end
+            if length == max_n:
+                break
+    if best_len < min_n:
+        return 0
+    count = min(max_out, num_tokens - 1 - best_end)
+    for j in range(count):
+        out[j] = tokens[best_end + 1 + j]
+    return count
+
+
+@numba.njit(cache=True, nogil=True)
+def batch_suffix_match(token_ids, rows, num_tokens, max_out, min_n, max_n, out, out_len):
+    """``_suffix_match`` for each ``rows[b]`` of the runner's token buffer."""
+    for b in range(rows.shape[0]):
+        out_len[b] = _suffix_match(
+            token_ids[rows[b]], num_tokens[b], min_n, max_n, max_out[b], out[b]
+        )
+
+
+def warm_up_suffix_match() -> None:
+    """Compile (or load from cache) the matcher before the first request is timed."""
+    tokens = np.array([[1, 2, 3, 1, 2]], dtype=np.int32)
+    out = np.zeros((1, 4), dtype=np.int32)
+    out_len = np.zeros(1, dtype=np.int64)
+    batch_suffix_match(tokens, np.zeros(1, np.int64), np.array([5], np.int64),
+                       np.array([4], np.int64), 1, 2, out, out_len)

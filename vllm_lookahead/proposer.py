@@ -1,0 +1,236 @@
+"""The lookahead proposer: linear drafts from context matches and a Jacobi-fed n-gram pool.
+
+vLLM verifies one linear draft per request per step. Each draft is built from
+(1) the longest recent repeat of the context's suffix in the prompt or output,
+(2) chained lookups in the request's n-gram pool to fill the remaining slots.
+Each verification pass doubles as one Jacobi iteration: the target's prediction at
+every draft position, including those after the first rejection, feeds the pool.
+
+vLLM calls ``propose`` with batch rows, not requests; per-request state is keyed by
+request id through the model runner bound by ``worker.py``, freed when the request
+finishes, is aborted or is preempted, and rebuilt from the context when a preempted
+request resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vllm_lookahead import worker
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, LookaheadOptions
+from vllm_lookahead.pool import NgramPool, batch_suffix_match, warm_up_suffix_match
+
+
+@dataclass
+class _RequestState:
+    pool: NgramPool
+    next_ngram_start: int  # context positions before this already fed the pool
+    pending_token: int = -1  # last context token when the draft below was proposed
+    draft: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ProposerStats:
+    """Counters read by benchmarks (through ``LLM.collective_rpc``) and tests."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    drafts: int = 0
+    draft_tokens: int = 0
+    suffix_tokens: int = 0
+    pool_tokens: int = 0
+    harvested_ngrams: int = 0
+    active_requests: int = 0
+
+
+class LookaheadProposer:
+    """vLLM ``custom_class`` drafter for ``{"method": "lookahead"}``."""
+
+    def __init__(self, vllm_config: Any):
+        spec = vllm_config.speculative_config
+        self.num_speculative_tokens = spec.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        extra = dict((vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {}))
+        extra.pop("method", None)
+        self.options = LookaheadOptions.from_dict(extra)
+        self._stats = ProposerStats()
+        self._runner: Any = None
+        self._states: dict[str, _RequestState] = {}
+        self._capture: worker.VerificationCapture | None = None
+        max_rows = vllm_config.scheduler_config.max_num_seqs
+        self._match_out = np.zeros((max_rows, self.num_speculative_tokens), dtype=np.int32)
+        self._match_len = np.zeros(max_rows, dtype=np.int64)
+        warm_up_suffix_match()
+
+    @property
+    def stats(self) -> ProposerStats:
+        return dataclasses.replace(self._stats, active_requests=len(self._states))
+
+    # -- hooks called by vLLM and worker.py ------------------------------------------
+
+    def bind_model_runner(self, runner: Any) -> None:
+        self._runner = runner
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No draft model; called by vLLM after the runner is built, so check binding."""
+        if self._runner is None:
+            raise RuntimeError(
+                "vllm-lookahead: the model runner was not bound to the proposer; "
+                "is the vllm_lookahead plugin installed in this Python environment?"
+            )
+
+    def on_verification(self, capture: worker.VerificationCapture) -> None:
+        self._capture = capture
+
+    def on_requests_removed(self, req_ids: set[str]) -> None:
+        for req_id in req_ids:
+            self._states.pop(req_id, None)
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        start = time.perf_counter()
+        req_ids = worker.request_ids(self._runner)
+        num_rows = len(sampled_token_ids)
+        self._drop_forgotten()
+        capture, self._capture = self._capture, None
+        harvest = self._harvest_rows(capture, num_rows)
+
+        rows, states = [], []
+        for row in range(num_rows):
+            if not sampled_token_ids[row]:  # partial prefill chunk: nothing to draft yet
+                continue
+            state = self._state_for(req_ids[row], row)
+            num_tokens = int(num_tokens_no_spec[row])
+            if row in harvest:
+                self._harvest(state, *harvest[row], len(sampled_token_ids[row]) - 1)
+            self._feed_context(state, token_ids_cpu[row], num_tokens)
+            state.pending_token = int(token_ids_cpu[row, num_tokens - 1])
+            rows.append(row)
+            states.append(state)
+
+        drafts = self._draft(rows, states, num_tokens_no_spec, token_ids_cpu, num_rows)
+        self._stats.steps += 1
+        self._stats.seconds += time.perf_counter() - start
+        return drafts
+
+    # -- per-request state -------------------------------------------------------------
+
+    def _drop_forgotten(self) -> None:
+        """Safety net behind ``on_requests_removed``: nothing outlives the runner's state."""
+        live = worker.live_request_ids(self._runner)
+        for req_id in [r for r in self._states if r not in live]:
+            del self._states[req_id]
+
+    def _state_for(self, req_id: str, row: int) -> _RequestState:
+        state = self._states.get(req_id)
+        if state is None:
+            opts = self.options
+            pool = NgramPool(opts.ngram_size, opts.pool_max_per_key, opts.pool_max_keys)
+            first = 0 if opts.pool_from_prompt else worker.num_prompt_tokens(self._runner, row)
+            state = self._states[req_id] = _RequestState(pool, first)
+        return state
+
+    def _feed_context(self, state: _RequestState, tokens: np.ndarray, num_tokens: int) -> None:
+        """Add the context's n-grams that became complete since the last step."""
+        first = state.next_ngram_start
+        stop = num_tokens - self.options.ngram_size + 1
+        if stop > first:
+            state.pool.add_ngrams(tokens[first:num_tokens].tolist(), stop - first)
+            state.next_ngram_start = stop
+
+    # -- Jacobi harvest from the last verification pass ------------------------------
+
+    def _harvest_rows(
+        self, capture: worker.VerificationCapture | None, num_rows: int
+    ) -> dict[int, tuple[list[int], list[int]]]:
+        """Row -> (verified draft, target predictions after each input position)."""
+        if capture is None or not self.options.harvest_jacobi:
+            return {}
+        if len(capture.num_draft_tokens) != num_rows:  # e.g. vLLM's warm-up dummy run
+            return {}
+        drafts = capture.draft_token_ids.tolist()
+        argmax = capture.target_argmax.tolist()
+        bonus = capture.bonus_token_ids.tolist()
+        rows, offset = {}, 0
+        for row, count in enumerate(capture.num_draft_tokens):
+            if count:
+                rows[row] = (drafts[offset : offset + count],
+                             argmax[offset : offset + count] + [bonus[row]])
+            offset += count
+        return rows
+
+    def _harvest(
+        self, state: _RequestState, verified: list[int], predictions: list[int], accepted: int
+    ) -> None:
+        """Add n-grams read off the target's predictions (one Jacobi iteration).
+
+        Input position i holds ``[pending] + verified``; ``predictions[i]`` is the
+        target's token after it. Windows lying on the accepted output are skipped:
+        the context feeds those.
+        """
+        if state.draft[: len(verified)] != verified:  # not our draft (stale capture)
+            return
+        inputs = [state.pending_token, *verified]
+        span = self.options.ngram_size - 1
+        harvested = 0
+        for i in range(len(inputs) - span + 1):
+            if harvested == self.options.window_size:
+                break
+            if i + span - 1 <= accepted:
+                continue
+            state.pool.add(inputs[i], tuple(predictions[i : i + span]))
+            harvested += 1
+        self._stats.harvested_ngrams += harvested
+
+    # -- drafting ----------------------------------------------------------------------
+
+    def _draft(
+        self,
+        rows: list[int],
+        states: list[_RequestState],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        num_rows: int,
+    ) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        if not rows:
+            return drafts
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        num_tokens = num_tokens_no_spec[rows_arr].astype(np.int64)
+        # never past max_model_len: the bonus token needs a slot too
+        limits = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        opts = self.options
+        batch_suffix_match(
+            token_ids_cpu, rows_arr, num_tokens, limits,
+            opts.suffix_match_min, opts.suffix_match_max, self._match_out, self._match_len,
+        )
+        for b, (row, state) in enumerate(zip(rows, states)):
+            limit = int(limits[b])
+            draft = self._match_out[b, : self._match_len[b]].tolist()
+            matched = len(draft)
+            key = draft[-1] if draft else state.pending_token
+            while len(draft) < limit:
+                continuation = state.pool.best(key, opts.guess_set_size)
+                if continuation is None:
+                    break
+                draft.extend(continuation)
+                key = continuation[-1]
+            del draft[limit:]
+            state.draft = draft
+            drafts[row] = draft
+            if draft:
+                self._stats.drafts += 1
+                self._stats.draft_tokens += len(draft)
+                self._stats.suffix_tokens += matched
+                self._stats.pool_tokens += len(draft) - matched
+        return drafts

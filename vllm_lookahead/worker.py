@@ -1,0 +1,158 @@
+"""Every place where the plugin touches vLLM's model runner and sampler.
+
+The ``custom_class`` proposer interface passes neither request ids nor the target's
+predictions, and vLLM's CPU fallback corrupts sampling verification. Each patch
+below wraps the original (no vLLM method body is copied) and is installed at most
+once per process; the runner and sampler patches only in worker processes.
+
+| vLLM attribute | patch | why | verified on |
+|---|---|---|---|
+| ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0 (CPU, mp executor, TP 1 and 2) |
+| ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | wrapped | hands the runner to a drafter with ``bind_model_runner`` (request ids per batch row) and registers it as verification observer | 0.32.0 (CPU) |
+| ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once | 0.32.0 (CPU) |
+| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests) | 0.32.0 (CPU) |
+| ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0 (CPU) |
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from vllm_lookahead import _patching
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class VerificationCapture:
+    """The target's view of one verification pass, rows in input-batch order.
+
+    Tensors stay on the device until the proposer reads them, after vLLM's own sync.
+    """
+
+    num_draft_tokens: list[int]
+    draft_token_ids: torch.Tensor  # [sum(num_draft_tokens)]
+    target_argmax: torch.Tensor  # [sum(num_draft_tokens)]
+    bonus_token_ids: torch.Tensor  # [rows]
+
+
+class VerificationObserver(Protocol):
+    def on_verification(self, capture: VerificationCapture) -> None: ...
+
+
+# One model runner per worker process, hence one observer.
+_observer: VerificationObserver | None = None
+
+
+def install() -> None:
+    """Called by ``plugin.register`` in every process; defers real work to workers."""
+    from vllm.v1.worker import worker_base
+
+    def make_wrapper(original):
+        def __init__(self, *args, **kwargs):
+            _install_worker_patches()
+            original(self, *args, **kwargs)
+
+        return __init__
+
+    _patching.wrap(worker_base.WorkerBase, "__init__", make_wrapper)
+
+
+def _install_worker_patches() -> None:
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.worker import gpu_model_runner
+
+    _patching.wrap(gpu_model_runner.GPUModelRunner, "__init__", _binding_init)
+    _patching.wrap(rejection_sampler, "rejection_sample", _capturing_rejection_sample)
+    if _cpu_expand_is_broken():
+        _patching.replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
+        logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
+
+
+def _binding_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        drafter = getattr(self, "drafter", None)
+        if hasattr(drafter, "bind_model_runner"):
+            drafter.bind_model_runner(self)
+        if hasattr(drafter, "on_requests_removed") and hasattr(self, "_update_states"):
+            _notify_removed_requests(self, drafter)
+        if hasattr(drafter, "on_verification"):
+            global _observer
+            _observer = drafter
+
+    return __init__
+
+
+def _notify_removed_requests(runner: Any, drafter: Any) -> None:
+    original = runner._update_states
+
+    def _update_states(scheduler_output, *args, **kwargs):
+        result = original(scheduler_output, *args, **kwargs)
+        removed = set(scheduler_output.finished_req_ids)
+        removed.update(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        if removed:
+            drafter.on_requests_removed(removed)
+        return result
+
+    runner._update_states = _update_states
+
+
+def _capturing_rejection_sample(original):
+    def rejection_sample(
+        draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+        draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
+    ):
+        if _observer is not None:
+            _observer.on_verification(
+                VerificationCapture(
+                    num_draft_tokens=list(num_draft_tokens),
+                    draft_token_ids=draft_token_ids,
+                    target_argmax=target_logits.argmax(dim=-1),
+                    bonus_token_ids=bonus_token_ids.view(-1),
+                )
+            )
+        return original(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+            draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
+        )
+
+    return rejection_sample
+
+
+def _cpu_expand_is_broken() -> bool:
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+
+    return current_platform.is_cpu() and not HAS_TRITON
+
+
+def expand_batch_to_tokens(
+    x: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    num_tokens: int,
+    replace_from: Any = 0,
+    replace_to: Any = 0,
+) -> torch.Tensor:
+    """Pure-torch ``expand_batch_to_tokens``: row value i repeated count_i times."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    x = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), x)
+    return x.repeat_interleave(counts, output_size=num_tokens)
+
+
+def request_ids(runner: Any) -> list[str | None]:
+    """Request id of each input-batch row (the rows ``propose`` receives)."""
+    return runner.input_batch.req_ids
+
+
+def live_request_ids(runner: Any) -> Any:
+    """Requests the runner still holds state for (running, paused or preempted)."""
+    return runner.requests.keys()
+
+
+def num_prompt_tokens(runner: Any, row: int) -> int:
+    return int(runner.input_batch.num_prompt_tokens[row])
