@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from tiny_models import build_model
 
 # Tests read proposer counters from the worker through LLM.collective_rpc(callable).
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+#: The lookahead configuration the engine tests run (K=5, default options).
+LOOKAHEAD = {"method": "lookahead", "num_speculative_tokens": 5}
 
 #: Engine settings every CPU test shares: eager (torch.compile on CPU costs minutes),
 #: float32 (greedy must be bit-exact), an explicit KV budget (the CPU default is a
@@ -32,6 +34,12 @@ def llama_path(tmp_path_factory):
 def qwen2_path(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("qwen2"), "qwen2", seed=1,
                            residual_scale=2e-3))
+
+
+def greedy(max_tokens: int = 96):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
 def make_prompts(count: int = 8, seed: int = 0) -> list[list[int]]:
@@ -78,13 +86,25 @@ def shutdown(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
+#: A 400-token prompt that runs into max_model_len (512) of the stressed engine.
+LONG_PROMPT = (make_prompts()[2] * 10)[:400]
+LONG_MAX_TOKENS = 112
+
+
 @pytest.fixture(scope="session")
-def llama_reference(llama_path):
-    """Plain greedy decoding of make_prompts() on the tiny Llama: the ground truth."""
-    from vllm import LLM, SamplingParams
+def plain_llama_runs(llama_path):
+    """Plain greedy decoding on the tiny Llama: the ground truth for lookahead runs."""
+    from vllm import LLM
 
     llm = LLM(llama_path, **ENGINE_KWARGS)
-    outputs = generate(llm, make_prompts(), SamplingParams(temperature=0, max_tokens=96,
-                                                           ignore_eos=True))
+    runs = {
+        "batch": generate(llm, make_prompts(), greedy()),
+        "long": generate(llm, [LONG_PROMPT], greedy(LONG_MAX_TOKENS))[0],
+    }
     shutdown(llm)
-    return outputs
+    return runs
+
+
+@pytest.fixture(scope="session")
+def llama_reference(plain_llama_runs):
+    return plain_llama_runs["batch"]

@@ -1,4 +1,4 @@
-"""Every documented spelling maps to vLLM's custom_class proposer; bad input fails early and clearly."""
+"""Every documented spelling maps to vLLM's custom_class proposer; bad input fails early."""
 
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ BAD_CONFIGS = [
     ({"num_speculative_tokens": 129}, "num_speculative_tokens must be an integer in [1, 128]"),
     ({"pool_from_prompt": "yes"}, "pool_from_prompt must be true or false"),
     ({"pool_max_per_key": 0}, "pool_max_per_key must be an integer >= 1"),
-    ({"suffix_match_min": 5, "suffix_match_max": 3}, "suffix_match_min must be <= suffix_match_max"),
+    ({"suffix_match_min": 5, "suffix_match_max": 3},
+     "suffix_match_min must be <= suffix_match_max"),
     ({"prompt_lookup_max": 3}, "prompt_lookup_max cannot be used with method 'lookahead'"),
     ({"model": "some/draft-model"}, "method 'lookahead' has no draft model"),
 ]

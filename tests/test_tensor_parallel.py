@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from conftest import ENGINE_KWARGS, generate, make_prompts, proposer_stats, shutdown
-from vllm import LLM, SamplingParams
+from conftest import (
+    ENGINE_KWARGS,
+    LOOKAHEAD,
+    generate,
+    greedy,
+    make_prompts,
+    proposer_stats,
+    shutdown,
+)
+from vllm import LLM
 
 
 def test_tp2_matches_plain_decoding(llama_path, llama_reference, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank
     llm = LLM(llama_path, tensor_parallel_size=2, distributed_executor_backend="mp",
-              speculative_config={"method": "lookahead", "num_speculative_tokens": 5},
-              **ENGINE_KWARGS)
-    outputs = generate(llm, make_prompts(), SamplingParams(temperature=0, max_tokens=96,
-                                                           ignore_eos=True))
+              speculative_config=LOOKAHEAD, **ENGINE_KWARGS)
+    outputs = generate(llm, make_prompts(), greedy())
     stats = proposer_stats(llm)
     shutdown(llm)
     assert outputs == llama_reference

@@ -1,0 +1,310 @@
+"""Fast checks of the benchmark harness's selection, parsing and metrics (no vLLM engine)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+
+from benchmarks import datasets, methods, metrics, report
+from benchmarks.records import RequestRecord, SpecDecodeCounters
+from benchmarks.server import cli_flags
+
+
+# -- datasets -------------------------------------------------------------------------
+
+def test_round_robin_takes_one_of_each_group_in_turn():
+    rows = [{"c": c, "i": i} for c in "aab" for i in range(1)] + [{"c": "b", "i": 1}]
+    assert [r["c"] for r in datasets.round_robin(rows, "c")] == ["a", "b", "a", "b"]
+
+
+def test_mt_bench_selection_covers_categories_with_both_turns():
+    samples = datasets.load("mt_bench", 8)
+    assert [s.category for s in samples] == list(datasets.MT_BENCH_CATEGORIES)
+    assert all(len(s.turns) == 2 for s in samples)
+
+
+def test_spec_bench_takes_n_per_category_with_mt_bench_merged():
+    samples = datasets.load("spec_bench", 3)
+    categories = [s.category for s in samples]
+    assert {c: categories.count(c) for c in categories} == dict.fromkeys(
+        datasets.SPEC_BENCH_CATEGORIES, 3)
+    mt = [s for s in samples if s.category == "mt_bench"]
+    assert [s.id for s in mt] == ["spec_bench/81", "spec_bench/91", "spec_bench/101"]
+
+
+def test_humaneval_is_instruct_style_and_deterministic():
+    first, second = datasets.load("humaneval", 2), datasets.load("humaneval", 2)
+    assert first == second and first[0].id == "HumanEval/0"
+    assert first[0].turns[0].startswith("Complete the following Python function.")
+    assert "def has_close_elements" in first[0].turns[0]
+
+
+def test_unknown_dataset_is_an_error():
+    with pytest.raises(ValueError, match="unknown dataset"):
+        datasets.load("gsm8k", 1)
+
+
+# -- methods --------------------------------------------------------------------------
+
+def test_override_merges_over_the_default():
+    registry = methods.with_overrides(
+        methods.DEFAULT_METHODS, ['lookahead={"num_speculative_tokens": 8, "ngram_size": 5}'])
+    assert registry["lookahead"].config == {"method": "lookahead", "num_speculative_tokens": 8,
+                                            "ngram_size": 5}
+    assert methods.DEFAULT_METHODS["lookahead"].config["num_speculative_tokens"] == 6
+
+
+def test_variant_inherits_its_methods_default():
+    registry = methods.with_overrides(
+        methods.DEFAULT_METHODS, ['ngram-k3={"method": "ngram", "num_speculative_tokens": 3}'])
+    assert registry["ngram-k3"].config == {**methods.DEFAULT_METHODS["ngram"].config,
+                                           "num_speculative_tokens": 3}
+    assert registry["ngram"] == methods.DEFAULT_METHODS["ngram"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lookahead", "NAME=JSON"),
+    ("lookahead={oops}", "invalid JSON"),
+    ("lookahead=[1]", "JSON object"),
+    ('new-thing={"num_speculative_tokens": 2}', "must name its"),
+    ('none={"num_speculative_tokens": 2}', "without speculation"),
+])
+def test_bad_overrides_are_explained(text, message):
+    with pytest.raises(ValueError, match=message):
+        methods.with_overrides(methods.DEFAULT_METHODS, [text])
+
+
+def test_draft_model_needs_its_target_unless_a_draft_is_given():
+    draft = methods.DEFAULT_METHODS["draft_model"]
+    assert "qwen2.5-coder-1.5b" in methods.unavailable_reason(draft, "smollm2-135m")
+    assert methods.unavailable_reason(draft, "qwen2.5-coder-1.5b") is None
+    custom = methods.with_overrides(methods.DEFAULT_METHODS,
+                                    ['draft_model={"model": "/models/draft"}'])["draft_model"]
+    assert methods.unavailable_reason(custom, "smollm2-135m") is None
+    assert methods.speculative_config(custom)["model"] == "/models/draft"
+
+
+def test_missing_package_is_reported_with_the_install_command():
+    method = methods.Method("x", {"method": "x"}, needs_module="no_such_module_here",
+                            install_hint="pip install no-such")
+    assert "pip install no-such" in methods.unavailable_reason(method, "smollm2-135m")
+    assert methods.speculative_config(methods.DEFAULT_METHODS["none"]) is None
+
+
+# -- records --------------------------------------------------------------------------
+
+def test_request_record_counts_token_carrying_passes():
+    record = RequestRecord(conversation=0, turn=0, prompt_tokens=5, started=10.0)
+    record.add_tokens(10.5, [1])
+    record.add_tokens(10.6, [])  # a step without tokens for this request
+    record.add_tokens(11.0, [2, 3, 4])
+    record.finished = 11.1
+    data = record.to_json("x/1", "cat")
+    assert data["forward_passes"] == 2 and data["output_tokens"] == [1, 2, 3, 4]
+    assert data["ttft"] == pytest.approx(0.5) and data["decode_seconds"] == pytest.approx(0.5)
+    assert data["seconds"] == pytest.approx(1.1) and data["turn"] == 1
+
+
+PROMETHEUS = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 60.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9
+"""
+
+
+def test_prometheus_counters_are_parsed():
+    counters = SpecDecodeCounters.from_prometheus(PROMETHEUS)
+    assert counters == SpecDecodeCounters(10, 60, 25, [9, 7])
+    assert SpecDecodeCounters.from_prometheus("") == SpecDecodeCounters()
+
+
+def test_vllm_metric_objects_are_summed_and_subtracted():
+    @dataclass
+    class Metric:
+        name: str
+        value: int = 0
+        values: tuple = ()
+
+    snapshot = [Metric("vllm:spec_decode_num_drafts", 4), Metric("vllm:spec_decode_num_drafts", 1),
+                Metric("vllm:spec_decode_num_draft_tokens", 20),
+                Metric("vllm:spec_decode_num_accepted_tokens", 6),
+                Metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=(3, 2, 1)),
+                Metric("vllm:num_requests_running", 1)]
+    after = SpecDecodeCounters.from_vllm_metrics(snapshot)
+    assert after == SpecDecodeCounters(5, 20, 6, [3, 2, 1])
+    assert after - SpecDecodeCounters(1, 5, 1, [1]) == SpecDecodeCounters(4, 15, 5, [2, 2, 1])
+
+
+# -- engine loop (fake engine) --------------------------------------------------------
+
+class FakeEngine:
+    """Answers every request with `tokens_per_step` tokens per step until `length`."""
+
+    def __init__(self, length: int, tokens_per_step: int):
+        self.length, self.tokens_per_step = length, tokens_per_step
+        self.active: dict[str, int] = {}
+        self.added: list[tuple[str, list[int]]] = []
+        self.max_active = 0
+
+    def add_request(self, request_id, prompt, params):
+        self.added.append((request_id, prompt["prompt_token_ids"]))
+        self.active[request_id] = 0
+        self.max_active = max(self.max_active, len(self.active))
+
+    def step(self):
+        outputs = []
+        for request_id, done in list(self.active.items()):
+            count = min(self.tokens_per_step, self.length - done)
+            self.active[request_id] = done + count
+            finished = done + count == self.length
+            if finished:
+                del self.active[request_id]
+            outputs.append(types.SimpleNamespace(
+                request_id=request_id, finished=finished,
+                outputs=[types.SimpleNamespace(token_ids=list(range(done, done + count)))]))
+        return outputs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """`vllm.sampling_params` without importing vLLM (slow to import)."""
+    module = types.ModuleType("vllm.sampling_params")
+    module.RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", module)
+
+
+class Params:
+    output_kind = None
+
+    def clone(self):
+        return Params()
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 3])
+def test_drive_counts_passes_and_chains_turns(fake_vllm, max_in_flight):
+    from benchmarks.engine_loop import drive
+
+    engine = FakeEngine(length=7, tokens_per_step=3)
+
+    def next_prompt(conversation, answers):  # conversation 0 has two turns, 1 and 2 one
+        turns = 2 if conversation == 0 else 1
+        return None if len(answers) >= turns else [conversation, *sum(answers, [])]
+
+    loop = drive(engine, next_prompt, 3, Params(), max_in_flight=max_in_flight)
+    assert len(loop.records) == 4
+    assert all(r.output == list(range(7)) and r.forward_passes == 3 for r in loop.records)
+    assert ("c0-t1", [0, *range(7)]) in engine.added  # turn 2 carries turn 1's answer
+    assert engine.max_active == max_in_flight
+    assert loop.engine_steps == (12 if max_in_flight == 1 else 6)
+
+
+# -- metrics --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a, b, expected", [
+    ([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 9, 3], 1), ([1, 2], [1, 2, 3], 2), ([], [], None),
+])
+def test_first_divergence(a, b, expected):
+    assert metrics.first_divergence(a, b) == expected
+
+
+def _request(id_, turn, tokens, passes, seconds=1.0, category="c", spec=None):
+    return {"id": id_, "turn": turn, "category": category, "prompt_tokens": 3,
+            "output_tokens": tokens, "forward_passes": passes, "seconds": seconds,
+            "ttft": 0.1, "decode_seconds": seconds - 0.1, "spec_decode": spec}
+
+
+def test_equality_compares_later_turns_only_after_identical_earlier_ones():
+    reference = {("a", 1): [1, 2], ("a", 2): [3], ("b", 1): [1, 2], ("b", 2): [4, 4]}
+    requests = [_request("a", 1, [1, 2], 2), _request("a", 2, [3], 1),
+                _request("b", 1, [1, 5], 2), _request("b", 2, [4, 4], 2)]
+    result = metrics.equality(requests, reference)
+    assert result["1"] == {"compared": 2, "identical": 1, "prompt_differed": 0,
+                           "first_divergence_mean": 1, "first_divergence_min": 1}
+    assert result["2"]["compared"] == 1 and result["2"]["prompt_differed"] == 1
+
+
+def _measurement(method, requests, mode="latency", dataset="spec_bench", wall=2.0, spec=None,
+                 proposer=None, steps=8):
+    return {"method": method, "mode": mode, "dataset": dataset, "concurrency": 1,
+            "wall_seconds": wall, "engine_steps": steps, "requests": requests,
+            "spec_decode": spec or {"drafts": 0, "draft_tokens": 0, "accepted": 0,
+                                    "accepted_per_pos": []},
+            "proposer": proposer}
+
+
+def test_summary_rows_speedup_compression_and_acceptance():
+    spec = {"drafts": 2, "draft_tokens": 8, "accepted": 4, "accepted_per_pos": [2, 1, 1, 0]}
+    missed = {"drafts": 2, "draft_tokens": 8, "accepted": 0, "accepted_per_pos": [0, 0, 0, 0]}
+    base = _measurement("none", [_request("q", 1, [1] * 8, 8, 2.0, "qa"),
+                                 _request("r", 1, [2] * 4, 4, 1.0, "rag")])
+    fast = _measurement("x", [_request("q", 1, [1] * 8, 2, 0.5, "qa", spec),
+                              _request("r", 1, [2, 2, 2, 9], 2, 0.5, "rag", missed)],
+                        proposer={"steps": 4, "seconds": 0.02}, steps=4)
+    rows = {(r["method"], r["group"]): r for r in metrics.summarize([base, fast])}
+    overall = rows[("x", "all")]
+    assert overall["tokens_per_second"] == pytest.approx(12.0)
+    assert overall["speedup"] == pytest.approx(3.0)
+    assert overall["compression"] == pytest.approx(3.0)
+    assert overall["mean_acceptance_length"] == pytest.approx(2.0)
+    assert overall["acceptance_per_position"] == [0.5, 0.25, 0.25, 0.0]
+    assert overall["equality"]["1"]["identical"] == 1
+    assert overall["proposer_ms_per_step"] == pytest.approx(5.0)
+    assert overall["proposer_share"] == pytest.approx(0.01)
+    assert rows[("x", "qa")]["speedup"] == pytest.approx(4.0)
+    assert rows[("x", "rag")]["mean_acceptance_length"] == pytest.approx(1.0)
+    assert rows[("none", "all")]["compression"] == 1.0
+
+
+def test_batched_modes_use_wall_time_and_no_category_rows():
+    base = _measurement("none", [_request("q", 1, [1] * 6, 6, 3.0)], mode="throughput", wall=3.0)
+    rows = metrics.summarize([base])
+    assert len(rows) == 1 and rows[0]["tokens_per_second"] == pytest.approx(2.0)
+
+
+def test_missing_baseline_gives_na():
+    rows = metrics.summarize([_measurement("x", [_request("q", 1, [1], 1)], dataset="humaneval")])
+    assert rows[0]["speedup"] is None and rows[0]["equality"] is None
+
+
+# -- server flags and report ----------------------------------------------------------
+
+def test_engine_args_become_server_flags():
+    assert cli_flags({"dtype": "float32", "enforce_eager": True, "enable_prefix_caching": False,
+                      "max_model_len": 4096, "compilation_config": {"mode": 0}}) == [
+        "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
+        "--max-model-len", "4096", "--compilation-config", '{"mode": 0}']
+
+
+def test_report_renders_every_mode(tmp_path):
+    server = {**_measurement("none", [_request("q", 1, [1, 2], 2)], mode="server"),
+              "concurrency": 4}
+    results = {
+        "created": "2026-01-01", "command": "python -m benchmarks.run",
+        "machine": {"name": "cpu-2c", "cpu_model": "cpu", "cores_usable": 2,
+                    "memory_gib": 8, "platform": "linux"},
+        "software": {"vllm": "0"}, "git": {"commit": None, "dirty": None},
+        "model": {"name": "m"}, "engine_args": {"dtype": "float32"},
+        "settings": {"modes": ["latency", "server"], "max_tokens": 2, "num_prompts": 1},
+        "methods": {"none": None, "suffix": {"method": "suffix"}},
+        "runs": [{"method": "suffix", "mode": "latency", "status": "unavailable",
+                  "reason": "needs arctic_inference"}],
+        "measurements": [_measurement("none", [_request("q", 1, [1, 2], 2)]), server],
+    }
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(results))
+    written = report.write_report(results, path)
+    text = (tmp_path / "r.md").read_text()
+    assert "**unavailable**: needs arctic_inference" in text
+    assert "| spec_bench/c | none |" in text and "| spec_bench | 4 | none |" in text
+    assert {p.name for p in written} == {"r.md", "r-speedup.png", "r-compression.png",
+                                         "r-concurrency.png"}
