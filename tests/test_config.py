@@ -12,7 +12,11 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 import vllm_lookahead  # noqa: F401  (registers, as the entry point does in vLLM processes)
 from vllm_lookahead import plugin
-from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, LookaheadOptions, options_table
+from vllm_lookahead.options import (
+    ADDITIONAL_CONFIG_KEY,
+    LookaheadOptions,
+    options_table,
+)
 
 PROPOSER = "vllm_lookahead.proposer.LookaheadProposer"
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from conftest import ENGINE_KWARGS, LOOKAHEAD, generate, greedy, make_prompts, metrics, shutdown
+from conftest import (
+    ENGINE_KWARGS,
+    LOOKAHEAD,
+    generate,
+    greedy,
+    make_prompts,
+    metrics,
+    shutdown,
+)
 from vllm import LLM
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
-from vllm_lookahead.pool import NgramPool, _suffix_match
+from vllm_lookahead.pool import NgramPool, ResponseCorpus, _suffix_match
 from vllm_lookahead.proposer import LookaheadProposer
 from vllm_lookahead.worker import VerificationCapture
 
@@ -74,7 +74,7 @@ def test_suffix_match_agrees_with_reference():
         n = rng.randint(1, 40)
         tokens = [rng.randint(0, 4) for _ in range(n)]
         out = np.zeros(5, dtype=np.int32)
-        count = _suffix_match(np.array(tokens, np.int32), n, 2, 4, 5, out)
+        count, _ = _suffix_match(np.array(tokens, np.int32), n, 2, 4, 5, out)
         assert out[:count].tolist() == reference_suffix_match(tokens, 2, 4, 5), tokens
 
 
@@ -91,6 +91,41 @@ def test_pool_lru_bounds_and_ranking():
     pool.add(3, (1, 1))  # third key: evicts key 1, the least recently used
     assert pool.best(1, 2) is None and pool.num_entries == 2
     assert pool.best(2, 0) is None  # G = 0 disables pool drafts
+
+
+def test_corpus_finds_the_longest_most_recent_repeat():
+    corpus = ResponseCorpus(capacity=100)
+    corpus.add([1, 2, 3, 10, 11])
+    corpus.add([9, 2, 3, 20, 21, 22])
+    corpus.add([5, 6])
+    assert corpus.match([7, 2, 3], 2, 4, 5) == (2, [20, 21, 22])  # most recent of the ties
+    assert corpus.match([1, 2, 3], 2, 4, 5) == (3, [10, 11])  # longer beats more recent
+    assert corpus.match([22, 5, 6], 2, 4, 5) == (2, [])  # nothing after it: no crossing
+    assert corpus.match([3, 4], 2, 4, 5) == (0, [])
+
+
+def test_corpus_keeps_the_newest_responses_within_capacity():
+    corpus = ResponseCorpus(capacity=12)
+    for first in range(10, 60, 10):
+        corpus.add([first, first + 1, first + 2, first + 3])
+    assert len(corpus) <= 12
+    assert corpus.match([50, 51], 2, 4, 5) == (2, [52, 53])
+    assert corpus.match([10, 11], 2, 4, 5) == (0, [])
+
+
+def test_finished_outputs_help_later_requests_but_preempted_ones_do_not():
+    proposer, runner = make_proposer(k=3, ngram_size=2, guess_set_size=0)
+    prompt = [1, 2, 3]
+    batch = Batch(runner, {"a": prompt + [40, 41, 42, 43, 44]}, {0: 3})
+    batch.propose(proposer, [[44]])
+    batch.set({"b": [7, 8, 9, 60, 61, 62]}, {0: 3})
+    batch.propose(proposer, [[62]])
+    proposer.on_requests_removed({"a"}, {"b"})  # a finished, b was preempted
+    batch.set({"c": [5, 41, 42]}, {0: 2})
+    assert batch.propose(proposer, [[42]]) == [[43, 44]]  # a's output, via the corpus
+    batch.set({"d": [5, 60, 61]}, {0: 2})
+    assert batch.propose(proposer, [[61]]) == [[]]  # b's partial output was not kept
+    assert proposer.stats.corpus_tokens == 2
 
 
 def test_draft_prefers_context_match():
@@ -135,7 +170,7 @@ def test_state_freed_on_finish_or_preemption_and_rebuilt_on_resume():
     batch = Batch(runner, {"a": [5, 6, 5, 6, 5], "b": [1, 2, 3], "c": [7, 8]})
     batch.propose(proposer, [[5], [3], [8]])
     assert set(proposer._states) == {"a", "b", "c"}
-    proposer.on_requests_removed({"a"})  # preempted (the runner keeps its cached state)
+    proposer.on_requests_removed(set(), {"a"})  # preempted: the runner keeps its state
     batch.set({"b": [1, 2, 3, 4]})  # c is only unscheduled this step: its state stays
     batch.propose(proposer, [[4]])
     assert set(proposer._states) == {"b", "c"}

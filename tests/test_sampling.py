@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ENGINE_KWARGS, LOOKAHEAD, generate, greedy, make_prompts, metrics, shutdown
+from conftest import (
+    ENGINE_KWARGS,
+    LOOKAHEAD,
+    generate,
+    greedy,
+    make_prompts,
+    metrics,
+    shutdown,
+)
 from scipy.stats import chi2_contingency
 from vllm import LLM, SamplingParams
 

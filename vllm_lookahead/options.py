@@ -53,6 +53,11 @@ class LookaheadOptions:
     suffix_match_max: int = _option(
         4, 1, "Longest context suffix tried for a prompt/output match."
     )
+    corpus_tokens: int = _option(
+        262144, 0,
+        "Cross-request memory: tokens of finished responses kept (per worker, oldest "
+        "dropped) and searched for repeats of the context's suffix; 0 turns it off.",
+    )
     harvest_jacobi: bool = _option(
         True, None, "Feed the pool with the target's predictions captured at verification."
     )

@@ -1,13 +1,17 @@
-"""Per-request n-gram pool and the suffix matcher that drafts from the context.
+"""Draft sources: per-request n-gram pool, context suffix matcher, response corpus.
 
 The pool maps a key token to continuations of N-1 tokens (least recently used
 evicted per key and across keys, so memory per request is bounded by
 ``max_keys * max_per_key * (N-1)`` tokens). The suffix matcher scans the request's
 own context (prompt and output) in compiled code: it is the one loop whose cost
-grows with the context, so it must not run in the interpreter.
+grows with the context, so it must not run in the interpreter. The corpus keeps
+finished responses for later requests; an index keeps its lookups independent of
+its size.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numba
 import numpy as np
@@ -58,15 +62,95 @@ class NgramPool:
         return max(reversed(recent), key=lambda item: item[1])[0]
 
 
+class ResponseCorpus:
+    """Finished responses, searched for the longest repeat of a request's context suffix.
+
+    Responses of one deployment repeat each other (boilerplate, code idioms, the same
+    questions asked again). At most ``capacity`` tokens are kept (oldest dropped); each
+    bigram indexes its ``candidates_per_bigram`` most recent positions, so a lookup
+    costs the same whatever the corpus size.
+    """
+
+    SEPARATOR = -1  # between responses: no match or continuation crosses it
+
+    def __init__(self, capacity: int, candidates_per_bigram: int = 16):
+        self.capacity = capacity
+        self.candidates_per_bigram = candidates_per_bigram
+        self._tokens: list[int] = []
+        self._index: dict[tuple[int, int], deque[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def add(self, response: list[int]) -> None:
+        if not response or self.capacity == 0:
+            return
+        response = response[-(self.capacity - 1):]
+        if len(self._tokens) + len(response) + 1 > self.capacity:
+            self._drop_oldest(len(self._tokens) + len(response) + 1 - self.capacity)
+        start = len(self._tokens)
+        self._tokens.extend(response)
+        self._tokens.append(self.SEPARATOR)
+        for i in range(1, len(response)):
+            bigram = (response[i - 1], response[i])
+            positions = self._index.get(bigram)
+            if positions is None:
+                positions = self._index[bigram] = deque(maxlen=self.candidates_per_bigram)
+            positions.append(start + i)
+
+    def _drop_oldest(self, count: int) -> None:
+        """Keep the newest responses; at least half goes, so rebuilds are rare."""
+        kept = self._tokens[max(count, len(self._tokens) // 2):]
+        self._tokens, self._index = [], {}
+        responses, current = [], []
+        for token in kept:
+            if token == self.SEPARATOR:
+                responses.append(current)
+                current = []
+            else:
+                current.append(token)
+        for response in responses[1:]:  # the first one is cut (or empty)
+            self.add(response)
+
+    def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int
+              ) -> tuple[int, list[int]]:
+        """(match length, continuation) of the longest repeat of ``suffix``'s end."""
+        if len(suffix) < 2 or max_out <= 0:
+            return 0, []
+        positions = self._index.get((suffix[-2], suffix[-1]))
+        if not positions:
+            return 0, []
+        tokens = self._tokens
+        best_len, best_end = 0, -1
+        for end in reversed(positions):  # most recent first: ties go to it
+            length = 2
+            while (length < max_n and length < len(suffix) and end - length >= 0
+                   and tokens[end - length] == suffix[-1 - length]):
+                length += 1
+            if length > best_len:
+                best_len, best_end = length, end
+                if length == max_n:
+                    break
+        if best_len < min_n:
+            return 0, []
+        continuation = []
+        for token in tokens[best_end + 1 : best_end + 1 + max_out]:
+            if token == self.SEPARATOR:
+                break
+            continuation.append(token)
+        return best_len, continuation
+
+
 @numba.njit(cache=True, nogil=True)
 def _suffix_match(tokens, num_tokens, min_n, max_n, max_out, out):
     """Continuation after the most recent earlier occurrence of the longest suffix.
 
     Tries suffixes of ``min_n .. max_n`` tokens of ``tokens[:num_tokens]``; copies up
-    to ``max_out`` tokens that followed the match into ``out`` and returns how many.
+    to ``max_out`` tokens that followed the match into ``out``. Returns (tokens
+    copied, match length).
     """
     if num_tokens < min_n + 1 or max_out <= 0:
-        return 0
+        return 0, 0
     last = tokens[num_tokens - 1]
     best_len = 0
     best_end = -1
@@ -83,18 +167,19 @@ def _suffix_match(tokens, num_tokens, min_n, max_n, max_out, out):
             if length == max_n:
                 break
     if best_len < min_n:
-        return 0
+        return 0, 0
     count = min(max_out, num_tokens - 1 - best_end)
     for j in range(count):
         out[j] = tokens[best_end + 1 + j]
-    return count
+    return count, best_len
 
 
 @numba.njit(cache=True, nogil=True)
-def batch_suffix_match(token_ids, rows, num_tokens, max_out, min_n, max_n, out, out_len):
+def batch_suffix_match(token_ids, rows, num_tokens, max_out, min_n, max_n,
+                       out, out_count, match_len):
     """``_suffix_match`` for each ``rows[b]`` of the runner's token buffer."""
     for b in range(rows.shape[0]):
-        out_len[b] = _suffix_match(
+        out_count[b], match_len[b] = _suffix_match(
             token_ids[rows[b]], num_tokens[b], min_n, max_n, max_out[b], out[b]
         )
 
@@ -103,6 +188,6 @@ def warm_up_suffix_match() -> None:
     """Compile (or load from cache) the matcher before the first request is timed."""
     tokens = np.array([[1, 2, 3, 1, 2]], dtype=np.int32)
     out = np.zeros((1, 4), dtype=np.int32)
-    out_len = np.zeros(1, dtype=np.int64)
+    counts = np.zeros(1, dtype=np.int64)
     batch_suffix_match(tokens, np.zeros(1, np.int64), np.array([5], np.int64),
-                       np.array([4], np.int64), 1, 2, out, out_len)
+                       np.array([4], np.int64), 1, 2, out, counts, counts.copy())

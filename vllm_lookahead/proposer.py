@@ -1,7 +1,8 @@
 """The lookahead proposer: linear drafts from context matches and a Jacobi-fed n-gram pool.
 
 vLLM verifies one linear draft per request per step. Each draft is built from
-(1) the longest recent repeat of the context's suffix in the prompt or output,
+(1) the longest recent repeat of the context's suffix, in the request's own prompt
+and output or in the responses of earlier requests (whichever match is longer),
 (2) chained lookups in the request's n-gram pool to fill the remaining slots.
 Each verification pass doubles as one Jacobi iteration: the target's prediction at
 every draft position, including those after the first rejection, feeds the pool.
@@ -23,13 +24,21 @@ import numpy as np
 
 from vllm_lookahead import worker
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, LookaheadOptions
-from vllm_lookahead.pool import NgramPool, batch_suffix_match, warm_up_suffix_match
+from vllm_lookahead.pool import (
+    NgramPool,
+    ResponseCorpus,
+    batch_suffix_match,
+    warm_up_suffix_match,
+)
 
 
 @dataclass
 class _RequestState:
     pool: NgramPool
+    prompt_len: int
     next_ngram_start: int  # context positions before this already fed the pool
+    num_seen: int = 0  # context tokens read so far
+    output: list[int] = field(default_factory=list)  # for the corpus when finished
     pending_token: int = -1  # last context token when the draft below was proposed
     draft: list[int] = field(default_factory=list)
 
@@ -43,6 +52,7 @@ class ProposerStats:
     drafts: int = 0
     draft_tokens: int = 0
     suffix_tokens: int = 0
+    corpus_tokens: int = 0
     pool_tokens: int = 0
     harvested_ngrams: int = 0
     active_requests: int = 0
@@ -62,8 +72,10 @@ class LookaheadProposer:
         self._runner: Any = None
         self._states: dict[str, _RequestState] = {}
         self._capture: worker.VerificationCapture | None = None
+        self._corpus = ResponseCorpus(self.options.corpus_tokens)
         max_rows = vllm_config.scheduler_config.max_num_seqs
         self._match_out = np.zeros((max_rows, self.num_speculative_tokens), dtype=np.int32)
+        self._match_count = np.zeros(max_rows, dtype=np.int64)
         self._match_len = np.zeros(max_rows, dtype=np.int64)
         warm_up_suffix_match()
 
@@ -87,8 +99,13 @@ class LookaheadProposer:
     def on_verification(self, capture: worker.VerificationCapture) -> None:
         self._capture = capture
 
-    def on_requests_removed(self, req_ids: set[str]) -> None:
-        for req_id in req_ids:
+    def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
+        """Free state; a finished (or aborted) request's output joins the corpus."""
+        for req_id in finished:
+            state = self._states.pop(req_id, None)
+            if state is not None:
+                self._corpus.add(state.output)
+        for req_id in preempted:
             self._states.pop(req_id, None)
 
     def propose(
@@ -113,7 +130,7 @@ class LookaheadProposer:
             num_tokens = int(num_tokens_no_spec[row])
             if row in harvest:
                 self._harvest(state, *harvest[row], len(sampled_token_ids[row]) - 1)
-            self._feed_context(state, token_ids_cpu[row], num_tokens)
+            self._read_context(state, token_ids_cpu[row], num_tokens)
             state.pending_token = int(token_ids_cpu[row, num_tokens - 1])
             rows.append(row)
             states.append(state)
@@ -136,16 +153,22 @@ class LookaheadProposer:
         if state is None:
             opts = self.options
             pool = NgramPool(opts.ngram_size, opts.pool_max_per_key, opts.pool_max_keys)
-            first = 0 if opts.pool_from_prompt else worker.num_prompt_tokens(self._runner, row)
-            state = self._states[req_id] = _RequestState(pool, first)
+            prompt_len = worker.num_prompt_tokens(self._runner, row)
+            first = 0 if opts.pool_from_prompt else prompt_len
+            state = self._states[req_id] = _RequestState(pool, prompt_len, first)
         return state
 
-    def _feed_context(self, state: _RequestState, tokens: np.ndarray, num_tokens: int) -> None:
-        """Add the context's n-grams that became complete since the last step."""
-        first = state.next_ngram_start
+    def _read_context(self, state: _RequestState, tokens: np.ndarray, num_tokens: int) -> None:
+        """Record the new output tokens and add the n-grams completed since last step."""
+        first = min(state.next_ngram_start, state.num_seen)
+        chunk = tokens[first:num_tokens].tolist()
+        output_start = max(state.num_seen, state.prompt_len)
+        state.output.extend(chunk[output_start - first :])
+        state.num_seen = num_tokens
         stop = num_tokens - self.options.ngram_size + 1
-        if stop > first:
-            state.pool.add_ngrams(tokens[first:num_tokens].tolist(), stop - first)
+        if stop > state.next_ngram_start:
+            skip = state.next_ngram_start - first
+            state.pool.add_ngrams(chunk[skip:], stop - state.next_ngram_start)
             state.next_ngram_start = stop
 
     # -- Jacobi harvest from the last verification pass ------------------------------
@@ -211,26 +234,48 @@ class LookaheadProposer:
         limits = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
         opts = self.options
         batch_suffix_match(
-            token_ids_cpu, rows_arr, num_tokens, limits,
-            opts.suffix_match_min, opts.suffix_match_max, self._match_out, self._match_len,
+            token_ids_cpu, rows_arr, num_tokens, limits, opts.suffix_match_min,
+            opts.suffix_match_max, self._match_out, self._match_count, self._match_len,
         )
         for b, (row, state) in enumerate(zip(rows, states)):
             limit = int(limits[b])
-            draft = self._match_out[b, : self._match_len[b]].tolist()
+            draft, from_corpus = self._matched_continuation(b, token_ids_cpu[row],
+                                                            int(num_tokens[b]), limit)
             matched = len(draft)
-            key = draft[-1] if draft else state.pending_token
-            while len(draft) < limit:
-                continuation = state.pool.best(key, opts.guess_set_size)
-                if continuation is None:
-                    break
-                draft.extend(continuation)
-                key = continuation[-1]
-            del draft[limit:]
-            state.draft = draft
-            drafts[row] = draft
+            self._fill_from_pool(state, draft, limit)
+            state.draft = drafts[row] = draft
             if draft:
                 self._stats.drafts += 1
                 self._stats.draft_tokens += len(draft)
-                self._stats.suffix_tokens += matched
+                if from_corpus:
+                    self._stats.corpus_tokens += matched
+                else:
+                    self._stats.suffix_tokens += matched
                 self._stats.pool_tokens += len(draft) - matched
         return drafts
+
+    def _matched_continuation(
+        self, b: int, tokens: np.ndarray, num_tokens: int, limit: int
+    ) -> tuple[list[int], bool]:
+        """The context's own match (batch slot ``b``) or a longer one in the corpus."""
+        opts = self.options
+        draft = self._match_out[b, : self._match_count[b]].tolist()
+        own_length = self._match_len[b]
+        if own_length < opts.suffix_match_max and len(self._corpus):
+            suffix = tokens[max(0, num_tokens - opts.suffix_match_max) : num_tokens].tolist()
+            length, continuation = self._corpus.match(
+                suffix, max(opts.suffix_match_min, 2), opts.suffix_match_max, limit)
+            if length > own_length:
+                return continuation, True
+        return draft, False
+
+    def _fill_from_pool(self, state: _RequestState, draft: list[int], limit: int) -> None:
+        """Extend ``draft`` to ``limit`` tokens by chained lookups in the request's pool."""
+        key = draft[-1] if draft else state.pending_token
+        while len(draft) < limit:
+            continuation = state.pool.best(key, self.options.guess_set_size)
+            if continuation is None:
+                break
+            draft.extend(continuation)
+            key = continuation[-1]
+        del draft[limit:]

@@ -93,10 +93,10 @@ def _notify_removed_requests(runner: Any, drafter: Any) -> None:
 
     def _update_states(scheduler_output, *args, **kwargs):
         result = original(scheduler_output, *args, **kwargs)
-        removed = set(scheduler_output.finished_req_ids)
-        removed.update(getattr(scheduler_output, "preempted_req_ids", None) or ())
-        if removed:
-            drafter.on_requests_removed(removed)
+        finished = scheduler_output.finished_req_ids  # aborted ones included
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
+        if finished or preempted:
+            drafter.on_requests_removed(set(finished), set(preempted))
         return result
 
     runner._update_states = _update_states
