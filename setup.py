@@ -14,7 +14,10 @@ setup(
     install_requires=["numba", "numpy"],
     extras_require={
         "test": ["pytest", "openai", "requests", "scipy"],
-        "bench": ["gguf", "accelerate", "matplotlib", "tqdm"],
+        "bench": ["gguf>=0.10.0", "accelerate>=1.1.0", "matplotlib", "tqdm"],
+        # vLLM's `suffix` method; builds from source (pulls a CUDA torch into the
+        # build environment only), so it is not part of the test set-up.
+        "suffix": ["arctic-inference==0.1.1"],
     },
     entry_points={"vllm.general_plugins": ["vllm_lookahead = vllm_lookahead.plugin:register"]},
 )

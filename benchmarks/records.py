@@ -1,0 +1,148 @@
+"""Raw numbers the harness keeps: one record per request, and vLLM's spec-decode counters.
+
+Both the offline step loop and the HTTP client fill the same `RequestRecord`, so
+every mode counts tokens, forward passes and times the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+@dataclass
+class RequestRecord:
+    """One request (one turn of a conversation), times from time.perf_counter()."""
+
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    started: float
+    output: list[int] = field(default_factory=list)
+    forward_passes: int = 0  # engine steps (offline) or stream chunks (server) carrying tokens
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+    spec_decode: SpecDecodeCounters | None = None  # only where one request ran at a time
+
+    def add_tokens(self, now: float, tokens: list[int]) -> None:
+        """Tokens that one forward pass of the target produced for this request."""
+        if not tokens:
+            return
+        self.output.extend(tokens)
+        self.forward_passes += 1
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+
+    def to_json(self, sample_id: str, category: str) -> dict:
+        first = self.first_token if self.first_token is not None else self.finished
+        last = self.last_token if self.last_token is not None else self.finished
+        return {
+            "id": sample_id,
+            "category": category,
+            "turn": self.turn + 1,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output,
+            "forward_passes": self.forward_passes,
+            "seconds": self.finished - self.started,
+            "ttft": first - self.started,
+            "decode_seconds": last - first,  # first token to last token
+            "spec_decode": asdict(self.spec_decode) if self.spec_decode else None,
+        }
+
+
+@dataclass
+class SpecDecodeCounters:
+    """vLLM's cumulative spec-decode counters; subtract two snapshots for a run's share."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def __add__(self, other: SpecDecodeCounters) -> SpecDecodeCounters:
+        return self._combine(other, 1)
+
+    def __sub__(self, before: SpecDecodeCounters) -> SpecDecodeCounters:
+        return self._combine(before, -1)
+
+    def _combine(self, other: SpecDecodeCounters, sign: int) -> SpecDecodeCounters:
+        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        mine, theirs = (_padded(c.accepted_per_pos, width) for c in (self, other))
+        return SpecDecodeCounters(
+            self.drafts + sign * other.drafts,
+            self.draft_tokens + sign * other.draft_tokens,
+            self.accepted + sign * other.accepted,
+            [a + sign * b for a, b in zip(mine, theirs)],
+        )
+
+    @classmethod
+    def from_vllm_metrics(cls, metrics) -> SpecDecodeCounters:
+        """From `LLM.get_metrics()` (names without `_total`; summed over engines)."""
+        counters = cls()
+        for metric in metrics:
+            if metric.name == DRAFTS:
+                counters.drafts += metric.value
+            elif metric.name == DRAFT_TOKENS:
+                counters.draft_tokens += metric.value
+            elif metric.name == ACCEPTED:
+                counters.accepted += metric.value
+            elif metric.name == ACCEPTED_PER_POS:
+                counters += cls(accepted_per_pos=list(metric.values))
+        return counters
+
+    @classmethod
+    def from_prometheus(cls, text: str) -> SpecDecodeCounters:
+        """From the server's /metrics text (names with `_total`; summed over label sets)."""
+        counters = cls()
+        per_pos: dict[int, int] = {}
+        for line in text.splitlines():
+            match = _PROMETHEUS_SAMPLE.match(line)
+            if not match:
+                continue
+            name, labels, value = match["name"], match["labels"] or "", int(float(match["value"]))
+            if name == DRAFTS + "_total":
+                counters.drafts += value
+            elif name == DRAFT_TOKENS + "_total":
+                counters.draft_tokens += value
+            elif name == ACCEPTED + "_total":
+                counters.accepted += value
+            elif name == ACCEPTED_PER_POS + "_total":
+                position = int(re.search(r'position="(\d+)"', labels)[1])
+                per_pos[position] = per_pos.get(position, 0) + value
+        counters.accepted_per_pos = [per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)]
+        return counters
+
+
+_PROMETHEUS_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+
+def _padded(values: list[int], width: int) -> list[int]:
+    return list(values) + [0] * (width - len(values))
+
+
+def measurement_json(mode: str, dataset: str, concurrency: int, wall_seconds: float,
+                     engine_steps: int | None, spec_decode: SpecDecodeCounters,
+                     proposer: dict | None, records: list[RequestRecord], samples,
+                     startup_seconds: float) -> dict:
+    """One measurement as stored in the results JSON; `samples[i]` is conversation i."""
+    ordered = sorted(records, key=lambda r: (r.conversation, r.turn))
+    return {
+        "mode": mode,
+        "dataset": dataset,
+        "concurrency": concurrency,
+        "wall_seconds": wall_seconds,
+        "engine_steps": engine_steps,  # steps that returned tokens (offline modes)
+        "spec_decode": asdict(spec_decode),
+        "proposer": proposer,
+        "startup_seconds": startup_seconds,
+        "requests": [r.to_json(samples[r.conversation].id, samples[r.conversation].category)
+                     for r in ordered],
+    }

@@ -1,0 +1,252 @@
+"""Replay recorded greedy generations through draft proposers, without the model.
+
+Under greedy verification a step accepts the longest draft prefix that equals the
+target's own continuation, plus one token. Given a request's prompt and its plain
+greedy output, the compression S of any proposer is therefore determined exactly,
+with no forward pass, except for what a proposer learns from the target's
+predictions at rejected positions (lookahead's Jacobi harvest is absent here, so
+replayed lookahead S is a lower bound). This makes proposer variants cheap to
+compare; end-to-end speed still comes from benchmarks.run.
+
+    python -m benchmarks.replay record --model smollm2-135m --num-prompts 20 -o trace.json
+    python -m benchmarks.replay run trace.json --methods ngram,suffix,lookahead \
+        --method-config lookahead-n5='{"method": "lookahead", "ngram_size": 5}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class Request:
+    dataset: str
+    category: str
+    prompt: list[int]
+    output: list[int]
+
+
+def record(model: str, datasets: list[str], num_prompts: int, max_tokens: int) -> list[dict]:
+    """Plain greedy generations of the benchmark prompts (all turns), in request order."""
+    from vllm import LLM, SamplingParams
+
+    from benchmarks import datasets as prompt_sets
+    from benchmarks.models import fetch
+
+    path = str(fetch(model))
+    llm = LLM(path, dtype="float32", enforce_eager=True, max_model_len=4096,
+              kv_cache_memory_bytes=2 << 30, seed=0)
+    prompter = prompt_sets.ChatPrompter(path)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    trace = []
+    for dataset in datasets:
+        samples = prompt_sets.load(dataset, num_prompts)
+        answers: list[list[list[int]]] = [[] for _ in samples]
+        while True:  # one turn of every conversation per batch
+            pending = [(i, prompter.prompt(s, answers[i])) for i, s in enumerate(samples)]
+            pending = [(i, p) for i, p in pending if p is not None]
+            if not pending:
+                break
+            outputs = llm.generate([{"prompt_token_ids": p} for _, p in pending], params,
+                                   use_tqdm=False)
+            for (i, prompt), output in zip(pending, outputs):
+                tokens = list(output.outputs[0].token_ids)
+                answers[i].append(tokens)
+                trace.append({"dataset": dataset, "category": samples[i].category,
+                              "prompt": prompt, "output": tokens})
+    llm.llm_engine.engine_core.shutdown()
+    return trace
+
+
+class Replayer:
+    """One proposer, driven request by request (batch size 1) as the engine would."""
+
+    def __init__(self, spec: dict):
+        self.k = spec["num_speculative_tokens"]
+        self.tokens = np.zeros((1, MAX_MODEL_LEN), dtype=np.int32)
+        self.num_tokens = np.zeros(1, dtype=np.int32)
+
+    def start(self, request_id: str, prompt: list[int]) -> None:
+        self.num_tokens[0] = len(prompt)
+        self.tokens[0, : len(prompt)] = prompt
+
+    def append(self, tokens: list[int]) -> None:
+        n = int(self.num_tokens[0])
+        self.tokens[0, n : n + len(tokens)] = tokens
+        self.num_tokens[0] = n + len(tokens)
+
+    def propose(self, request_id: str, sampled: list[int]) -> list[int]:
+        raise NotImplementedError
+
+    def finish(self, request_id: str) -> None:
+        pass
+
+
+class LookaheadReplayer(Replayer):
+    def __init__(self, spec: dict):
+        super().__init__(spec)
+        from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+        from vllm_lookahead.proposer import LookaheadProposer
+
+        options = {k: v for k, v in spec.items() if k not in ("method", "num_speculative_tokens")}
+        self.runner = SimpleNamespace(
+            input_batch=SimpleNamespace(req_ids=[], num_prompt_tokens=np.zeros(1, np.int32)),
+            requests={})
+        config = SimpleNamespace(
+            speculative_config=SimpleNamespace(num_speculative_tokens=self.k),
+            model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+            scheduler_config=SimpleNamespace(max_num_seqs=1),
+            additional_config={ADDITIONAL_CONFIG_KEY: options})
+        self.proposer = LookaheadProposer(config)
+        self.proposer.bind_model_runner(self.runner)
+
+    def start(self, request_id, prompt):
+        super().start(request_id, prompt)
+        self.runner.input_batch.req_ids = [request_id]
+        self.runner.input_batch.num_prompt_tokens[0] = len(prompt)
+        self.runner.requests[request_id] = None
+
+    def propose(self, request_id, sampled):
+        return self.proposer.propose([sampled], self.num_tokens, self.tokens)[0]
+
+    def finish(self, request_id):
+        del self.runner.requests[request_id]
+        self.proposer.on_requests_removed({request_id}, set())
+
+
+class NgramReplayer(Replayer):
+    def __init__(self, spec: dict):
+        super().__init__(spec)
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        config = SimpleNamespace(
+            speculative_config=SimpleNamespace(
+                num_speculative_tokens=self.k, prompt_lookup_min=spec["prompt_lookup_min"],
+                prompt_lookup_max=spec["prompt_lookup_max"]),
+            model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+            scheduler_config=SimpleNamespace(max_num_seqs=1),
+            parallel_config=SimpleNamespace(tensor_parallel_size=1))
+        self.proposer = NgramProposer(config)
+
+    def propose(self, request_id, sampled):
+        return self.proposer.propose(self.k, [sampled], self.num_tokens, self.tokens)[0]
+
+
+class SuffixReplayer(Replayer):
+    """Arctic Inference's cache, called as vLLM's SuffixDecodingProposer calls it."""
+
+    def __init__(self, spec: dict):
+        super().__init__(spec)
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.depth = spec.get("suffix_decoding_max_tree_depth", 24)
+        self.spec_factor = spec.get("suffix_decoding_max_spec_factor", 1.0)
+        self.min_prob = spec.get("suffix_decoding_min_token_prob", 0.1)
+        self.cache = SuffixDecodingCache(
+            max_tree_depth=self.depth,
+            max_cached_requests=spec.get("suffix_decoding_max_cached_requests", 10000))
+
+    def start(self, request_id, prompt):
+        super().start(request_id, prompt)
+        self.cache.start_request(request_id, np.asarray(prompt, dtype=np.int32))
+
+    def propose(self, request_id, sampled):
+        self.cache.add_active_response(request_id, sampled)
+        n = int(self.num_tokens[0])
+        pattern = self.tokens[0, max(0, n - self.depth) : n]
+        draft = self.cache.speculate(request_id, pattern, max_spec_tokens=self.k,
+                                     max_spec_factor=self.spec_factor,
+                                     min_token_prob=self.min_prob)
+        return list(draft.token_ids)
+
+    def finish(self, request_id):
+        self.cache.stop_request(request_id)
+
+
+REPLAYERS = {"lookahead": LookaheadReplayer, "ngram": NgramReplayer, "suffix": SuffixReplayer}
+
+
+def replay(replayer: Replayer, trace: list[Request]) -> list[tuple[int, int, int]]:
+    """(generated tokens, forward passes, draft tokens verified) per request.
+
+    The prefill pass counts as one forward pass (it yields the first token).
+    """
+    results = []
+    for index, request in enumerate(trace):
+        request_id = f"replay-{index}"
+        replayer.start(request_id, request.prompt)
+        output, done, passes, drafted = request.output, 1, 1, 0
+        replayer.append(output[:1])
+        sampled = output[:1]
+        while done < len(output):
+            draft = replayer.propose(request_id, sampled)[: replayer.k]
+            drafted += len(draft)
+            accepted = 0
+            while accepted < len(draft) and done + accepted < len(output) \
+                    and draft[accepted] == output[done + accepted]:
+                accepted += 1
+            sampled = output[done : done + accepted + 1]
+            replayer.append(sampled)
+            done += len(sampled)
+            passes += 1
+        replayer.finish(request_id)
+        results.append((len(output), passes, drafted))
+    return results
+
+
+def summarize(trace: list[Request], results: list[tuple[int, int, int]]) -> dict[str, str]:
+    """'S (draft tokens per pass)' for all requests, per dataset and per category."""
+    totals: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(3, dtype=np.int64))
+    for request, counts in zip(trace, results):
+        for key in ("all", request.dataset, f"{request.dataset}/{request.category}"):
+            totals[key] += counts
+    return {key: f"{tokens / passes:.3f} ({drafted / passes:.1f})"
+            for key, (tokens, passes, drafted) in sorted(totals.items())}
+
+
+def main() -> None:
+    from benchmarks.methods import DEFAULT_METHODS, with_overrides
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record")
+    rec.add_argument("--model", default="smollm2-135m")
+    rec.add_argument("--datasets", default="humaneval,mt_bench,spec_bench")
+    rec.add_argument("--num-prompts", type=int, default=20)
+    rec.add_argument("--max-tokens", type=int, default=256)
+    rec.add_argument("-o", "--output", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("trace")
+    run.add_argument("--methods", default="ngram,suffix,lookahead")
+    run.add_argument("--method-config", action="append", default=[],
+                     help="NAME=JSON: a variant (with 'method') or overrides of NAME")
+    args = parser.parse_args()
+
+    if args.command == "record":
+        trace = record(args.model, args.datasets.split(","), args.num_prompts, args.max_tokens)
+        Path(args.output).write_text(json.dumps(trace))
+        return
+    trace = [Request(**row) for row in json.loads(Path(args.trace).read_text())]
+    methods = with_overrides(DEFAULT_METHODS, args.method_config)
+    names = args.methods.split(",") + [c.partition("=")[0] for c in args.method_config]
+    specs = {name: methods[name].config for name in dict.fromkeys(names)}
+    rows = {name: summarize(trace, replay(REPLAYERS[spec["method"]](spec), trace))
+            for name, spec in specs.items()}
+    keys = list(next(iter(rows.values())))
+    print("| S (draft tokens per pass) | " + " | ".join(rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    for key in keys:
+        print(f"| {key} | " + " | ".join(rows[n][key] for n in rows) + " |")
+
+
+if __name__ == "__main__":
+    main()

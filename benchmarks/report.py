@@ -1,0 +1,239 @@
+"""Markdown tables and PNG plots from a results JSON, recomputed from its raw numbers.
+
+    python -m benchmarks.report benchmarks/results/cpu-2c-smollm2-135m-2026-11-21.json
+
+Writes <stem>.md, <stem>-speedup.png, <stem>-compression.png and (server mode)
+<stem>-concurrency.png next to the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.metrics import BASELINE, summarize
+
+MODE_TITLES = {
+    "latency": "Latency (batch 1, one request at a time)",
+    "throughput": "Throughput (offline, all conversations submitted at once)",
+    "server": "OpenAI server (streaming, by concurrency)",
+}
+PER_POSITION_SHOWN = 4
+
+
+def write_report(results: dict, json_path: Path) -> list[Path]:
+    rows = summarize(results["measurements"])
+    stem = json_path.with_suffix("")
+    markdown = Path(f"{stem}.md")
+    markdown.write_text(render_markdown(results, rows))
+    return [markdown, *write_plots(results, rows, stem)]
+
+
+# -- Markdown -------------------------------------------------------------------------
+
+def render_markdown(results: dict, rows: list[dict]) -> str:
+    settings, machine = results["settings"], results["machine"]
+    lines = [
+        f"# {results['model']['name']} on {machine['name']}, {results['created']}",
+        "",
+        (f"* Machine: {machine['cpu_model']}, {machine['cores_usable']} cores usable, "
+         f"{machine['memory_gib']} GiB, {machine['platform']}"),
+        "* Software: " + ", ".join(f"{k} {v}" for k, v in results["software"].items()),
+        f"* Repository: commit {results['git']['commit'] or 'none'}"
+        + (" (work tree modified)" if results["git"]["dirty"] else ""),
+        f"* Command: `{results['command']}`",
+        f"* Greedy, up to {settings['max_tokens']} new tokens per turn; conversations: "
+        + ", ".join(f"{name} {count}" + (" per category" if name == "spec_bench" else "")
+                    for name, count in settings["num_prompts"].items())
+        + f"; engine arguments (all methods): `{json.dumps(results['engine_args'])}`",
+        "* Methods: " + "; ".join(f"**{name}** `{json.dumps(config)}`"
+                                  for name, config in results["methods"].items()),
+        "",
+    ]
+    problems = [run for run in results["runs"] if run["status"] != "ok"]
+    if problems:
+        lines += ["Not measured:", ""]
+        lines += [f"* {run['method']} ({run['mode']}): **{run['status']}**: {run['reason']}"
+                  for run in problems]
+        lines.append("")
+    for mode in settings["modes"]:
+        mode_rows = [row for row in rows if row["mode"] == mode]
+        if mode_rows:
+            lines += [f"## {MODE_TITLES[mode]}", "", *_table(mode, mode_rows), ""]
+    lines += [
+        ("S = generated tokens / target forward passes, counted by the harness (server: "
+         "token-carrying stream chunks). Acceptance: vLLM's counters, over steps that had a "
+         "draft; per position = accepted at that draft position / drafts. Identical: greedy "
+         f"output equal to `{BASELINE}`'s per turn (t2 compared only where t1 was identical); "
+         "first divergence = token index of the first difference (mean/min). See "
+         "benchmarks/README.md."),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _table(mode: str, rows: list[dict]) -> list[str]:
+    columns = [("dataset", _dataset_label)]
+    if mode == "server":
+        columns.append(("conc.", lambda r: str(r["concurrency"])))
+    columns += [
+        ("method", lambda r: r["method"]),
+        ("tok/s", lambda r: _num(r["tokens_per_second"], 1)),
+        ("speedup", lambda r: _num(r["speedup"], 2, "x")),
+        ("S", lambda r: _num(r["compression"], 2)),
+        ("mean acc. len", lambda r: _num(r["mean_acceptance_length"], 2)),
+        (f"acc. by position (first {PER_POSITION_SHOWN})", _per_position),
+        ("identical", _identical),
+        ("first div. mean/min", _divergence),
+    ]
+    if mode == "server":
+        columns += [("TTFT ms", lambda r: _num(r["ttft_ms_mean"], 0)),
+                    ("ITL ms", lambda r: _num(r["itl_ms"], 1)),
+                    ("TPOT ms", lambda r: _num(r["tpot_ms"], 1))]
+    else:
+        columns.append(("proposer ms/step (% of step)", _proposer))
+    lines = ["| " + " | ".join(name for name, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in _ordered(rows)]
+    return lines
+
+
+def _dataset_label(row: dict) -> str:
+    return row["dataset"] if row["group"] == "all" else f"{row['dataset']}/{row['group']}"
+
+
+def _num(value, digits: int, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _per_position(row: dict) -> str:
+    rates = row["acceptance_per_position"]
+    return "n/a" if rates is None else " ".join(f"{r:.2f}" for r in rates[:PER_POSITION_SHOWN])
+
+
+def _identical(row: dict) -> str:
+    if row["equality"] is None:
+        return "n/a"
+    return ", ".join(f"t{turn} {e['identical']}/{e['compared']}"
+                     for turn, e in row["equality"].items())
+
+
+def _divergence(row: dict) -> str:
+    if row["equality"] is None:
+        return "n/a"
+    parts = [f"t{turn} {e['first_divergence_mean']:.0f}/{e['first_divergence_min']}"
+             for turn, e in row["equality"].items() if e["first_divergence_min"] is not None]
+    return ", ".join(parts) or "-"
+
+
+def _proposer(row: dict) -> str:
+    if row["proposer_ms_per_step"] is None:
+        return "n/a"
+    return f"{row['proposer_ms_per_step']:.2f} ({100 * row['proposer_share']:.1f}%)"
+
+
+# -- Plots ----------------------------------------------------------------------------
+
+def write_plots(results: dict, rows: list[dict], stem: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    written = []
+    offline_modes = [m for m in results["settings"]["modes"] if m != "server"]
+    title = f"{results['model']['name']}, {results['machine']['name']}"
+    for metric, label, suffix in (("speedup", "speedup vs none (tokens/s)", "speedup"),
+                                  ("compression", "S = tokens / forward pass", "compression")):
+        panels = [(mode, [r for r in rows if r["mode"] == mode]) for mode in offline_modes]
+        panels = [(mode, panel) for mode, panel in panels if panel]
+        if panels:
+            path = Path(f"{stem}-{suffix}.png")
+            _bar_chart(panels, metric, label, f"{title}: {label}", path,
+                       skip_baseline=metric == "speedup")
+            written.append(path)
+    server_rows = [r for r in rows if r["mode"] == "server"]
+    if server_rows:
+        path = Path(f"{stem}-concurrency.png")
+        _concurrency_chart(server_rows, f"{title}: OpenAI server", path)
+        written.append(path)
+    return written
+
+
+def _bar_chart(panels, metric: str, label: str, title: str, path: Path,
+               skip_baseline: bool) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4 * len(panels)), squeeze=False)
+    for ax, (mode, rows) in zip(axes[:, 0], panels):
+        groups = list(dict.fromkeys(_dataset_label(r) for r in _ordered(rows)))
+        methods = list(dict.fromkeys(r["method"] for r in rows
+                                     if not (skip_baseline and r["method"] == BASELINE)))
+        width = 0.8 / max(len(methods), 1)
+        values = {(r["method"], _dataset_label(r)): r[metric] for r in rows}
+        for index, method in enumerate(methods):
+            heights = [values.get((method, g)) or 0 for g in groups]
+            ax.bar([x + index * width for x in range(len(groups))], heights, width, label=method)
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(groups))])
+        ax.set_xticklabels(groups, rotation=30, ha="right")
+        ax.set_ylabel(label)
+        ax.set_title(MODE_TITLES[mode], fontsize=10)
+        if methods:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _concurrency_chart(rows: list[dict], title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    panels = (("tokens_per_second", "output tokens/s"), ("ttft_ms_mean", "TTFT ms (mean)"),
+              ("tpot_ms", "TPOT ms"))
+    fig, axes = plt.subplots(len(datasets), len(panels), figsize=(14, 3.6 * len(datasets)),
+                             squeeze=False)
+    for row_axes, dataset in zip(axes, datasets):
+        dataset_rows = [r for r in rows if r["dataset"] == dataset]
+        for ax, (metric, label) in zip(row_axes, panels):
+            for method in dict.fromkeys(r["method"] for r in dataset_rows):
+                points = sorted((r["concurrency"], r[metric]) for r in dataset_rows
+                                if r["method"] == method and r[metric] is not None)
+                ax.plot([c for c, _ in points], [v for _, v in points], marker="o", label=method)
+            ax.set_xscale("log", base=2)
+            levels = sorted({r["concurrency"] for r in dataset_rows})
+            ax.set_xticks(levels, [str(level) for level in levels])
+            ax.minorticks_off()
+            ax.set_xlabel("concurrency")
+            ax.set_ylabel(label)
+            ax.set_title(dataset, fontsize=10)
+        row_axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _ordered(rows: list[dict]) -> list[dict]:
+    """Datasets and groups in run order (each dataset's overall row first), then by
+    concurrency; methods in run order."""
+    rank: dict[tuple, int] = {}
+    for row in rows:
+        rank.setdefault((row["dataset"],), len(rank))
+        rank.setdefault((row["dataset"], row["group"]), len(rank))
+    return sorted(rows, key=lambda r: (rank[(r["dataset"],)], rank[(r["dataset"], r["group"])],
+                                       r["concurrency"]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("results", type=Path, help="a results JSON from benchmarks.run")
+    args = parser.parse_args(argv)
+    for path in write_report(json.loads(args.results.read_text()), args.results):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Side-by-side benchmark of speculative methods on one machine, in one run.
+
+    python -m benchmarks.run --model smollm2-135m --methods none,ngram,suffix,lookahead \\
+        --datasets humaneval,mt_bench,spec_bench --num-prompts 20 --max-tokens 256 \\
+        --mode latency
+
+Every method gets a fresh engine with identical engine arguments, greedy sampling,
+and the same prompts. Writes benchmarks/results/<machine>-<model>-<date>.json (all
+raw numbers, saved after every method), then a Markdown table and PNG plots next
+to it (regenerate them with `python -m benchmarks.report <json>`).
+See benchmarks/README.md for what each number means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import traceback
+from pathlib import Path
+
+from benchmarks import machine
+from benchmarks import methods as methods_module
+from benchmarks.cpu_env import configure_cpu_env
+from benchmarks.datasets import DATASETS, ChatPrompter, Conversations, load
+from benchmarks.models import MODELS, fetch
+from benchmarks.offline import MODES as OFFLINE_MODES
+
+MODES = (*OFFLINE_MODES, "server")
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SCHEMA_VERSION = 1
+
+
+def comma_list(choices: tuple[str, ...] | None = None):
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        unknown = [item for item in items if choices and item not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def prompt_counts(text: str) -> dict[str, int]:
+    """`20`, or `20,spec_bench=10`: conversations per dataset ("*" for the others)."""
+    counts = {}
+    for item in comma_list()(text):
+        name, sep, value = item.rpartition("=")
+        key = name.strip() if sep else "*"
+        if key != "*" and key not in DATASETS:
+            raise argparse.ArgumentTypeError(f"unknown dataset {key!r} in {text!r}")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive count in {item!r}")
+        counts[key] = int(value)
+    return counts
+
+
+def positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in comma_list()(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,4,16: {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m",
+                        help=f"one of {', '.join(MODELS)}, or a Hugging Face model folder")
+    parser.add_argument("--methods", type=comma_list(), default="none,ngram,suffix,lookahead",
+                        help=f"comma list; built in: {', '.join(methods_module.DEFAULT_METHODS)}")
+    parser.add_argument("--method-config", action="append", default=[], metavar="NAME=JSON",
+                        help="override a method's options (merged over its default), or define "
+                             "a variant with its own name and a \"method\" key (added to the run)")
+    parser.add_argument("--datasets", type=comma_list(DATASETS), default=",".join(DATASETS),
+                        help="comma list")
+    parser.add_argument("--num-prompts", type=prompt_counts, default="20",
+                        help="conversations per dataset (Spec-Bench: per category), "
+                             "e.g. 20 or 20,spec_bench=10")
+    parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per turn")
+    parser.add_argument("--mode", type=comma_list(MODES), default="latency",
+                        help="latency (batch 1), throughput (offline, all prompts at once), "
+                             "server (OpenAI server at each --concurrency); comma list")
+    parser.add_argument("--concurrency", type=positive_ints, default="1,4,16,32",
+                        help="server mode: concurrent conversations")
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 keeps greedy outputs comparable across methods on CPU")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="engine argument")
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30,
+                        help="engine argument; the CPU backend needs an explicit KV budget")
+    parser.add_argument("--engine-args", type=json.loads, default={},
+                        help="more engine keyword arguments as JSON, identical for all methods")
+    parser.add_argument("--machine", default=machine.default_name(),
+                        help="machine label in the results file name")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="results folder")
+    parser.add_argument("--request-timeout", type=float, default=600,
+                        help="server mode: seconds a request may wait for its next chunk")
+    parser.add_argument("--server-startup-timeout", type=float, default=900,
+                        help="server mode: seconds until a new server must be healthy")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        selected = _selected_methods(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    counts = {name: args.num_prompts.get(name, args.num_prompts.get("*"))
+              for name in args.datasets}
+    if None in counts.values():
+        parser.error(f"--num-prompts gives no count for some of {', '.join(args.datasets)}")
+    if args.max_tokens < 1:
+        parser.error("--max-tokens must be positive")
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the progress bar readable
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # proposer stats via RPC
+    configure_cpu_env()
+
+    model_name = args.model if args.model in MODELS else Path(args.model).name
+    model_path = str(fetch(args.model)) if args.model in MODELS else args.model
+    prompter = ChatPrompter(model_path)
+    datasets = {name: Conversations(load(name, count), prompter)
+                for name, count in counts.items()}
+    engine_args = {"dtype": args.dtype, "enforce_eager": True, "max_model_len": args.max_model_len,
+                   "kv_cache_memory_bytes": args.kv_cache_memory_bytes, "seed": 0,
+                   **args.engine_args}
+    results = _new_results(args, argv, model_name, model_path, counts, datasets, engine_args,
+                           selected)
+    path = _results_path(args.output_dir, args.machine, model_name)
+
+    from tqdm import tqdm
+
+    per_method = {mode: sum(c.num_requests for c in datasets.values())
+                  * (len(args.concurrency) if mode == "server" else 1) for mode in args.mode}
+    with tqdm(total=sum(per_method.values()) * len(selected), unit="req",
+              dynamic_ncols=True) as progress:
+        for mode in args.mode:
+            for name, method in selected.items():
+                progress.set_description(f"{mode} {name}")
+                done_before = progress.n
+                run = _run_method(mode, name, method, model_name, model_path, engine_args,
+                                  datasets, args, results["measurements"], progress.update)
+                results["runs"].append(run)
+                if run["status"] != "ok":
+                    progress.update(per_method[mode] - (progress.n - done_before))
+                    tqdm.write(f"{mode} {name}: {run['status']}: {run['reason']}")
+                _save(results, path)
+
+    from benchmarks.report import write_report
+
+    write_report(results, path)
+    print(f"results: {path} (+ .md, .png)")
+    return path
+
+
+def _selected_methods(args) -> dict[str, methods_module.Method]:
+    """--methods plus the new variants that --method-config defines, in that order."""
+    registry = methods_module.with_overrides(methods_module.DEFAULT_METHODS, args.method_config)
+    variants = [text.partition("=")[0].strip() for text in args.method_config]
+    names = list(dict.fromkeys(args.methods + [name for name in variants
+                                               if name not in methods_module.DEFAULT_METHODS]))
+    unknown = [name for name in names if name not in registry]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(registry)}")
+    return {name: registry[name] for name in names}
+
+
+def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str, int],
+                 datasets: dict[str, Conversations], engine_args: dict,
+                 selected: dict[str, methods_module.Method]) -> dict:
+    """Everything that describes the run, before any measurement."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, "-m", "benchmarks.run",
+                               *(sys.argv[1:] if argv is None else argv)]),
+        "machine": {"name": args.machine, **machine.describe()},
+        "software": machine.software_versions(),
+        "git": machine.git_state(),
+        "environment": {key: os.environ.get(key) for key in (
+            "LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")},
+        "model": {"name": model_name, "path": model_path},
+        "settings": {"modes": args.mode, "datasets": args.datasets,
+                     "num_prompts": counts,
+                     "max_tokens": args.max_tokens,
+                     "temperature": 0, "concurrency": args.concurrency,
+                     "prompts": {name: [s.id for s in c.samples] for name, c in datasets.items()}},
+        "engine_args": engine_args,
+        "methods": {name: method.config for name, method in selected.items()},
+        "runs": [],
+        "measurements": [],
+    }
+
+
+def _run_method(mode: str, name: str, method, model_name: str, model_path: str,
+                engine_args: dict, datasets: dict[str, Conversations], args,
+                measurements: list[dict], on_request) -> dict:
+    """Run one method in one mode, appending its measurements; returns its status."""
+    from benchmarks.offline import measure_offline
+    from benchmarks.server import measure_server
+
+    run = {"method": name, "mode": mode, "status": "ok", "reason": None,
+           "speculative_config": None}
+    reason = methods_module.unavailable_reason(method, model_name)
+    if reason:
+        return {**run, "status": "unavailable", "reason": reason}
+    try:
+        config = run["speculative_config"] = methods_module.speculative_config(method)
+        for dataset, conversations in datasets.items():
+            for concurrency in args.concurrency if mode == "server" else [None]:
+                if mode == "server":
+                    measurement = measure_server(
+                        model_path, config, engine_args, dataset, conversations, args.max_tokens,
+                        concurrency, args.request_timeout, args.server_startup_timeout,
+                        on_request)
+                else:
+                    measurement = measure_offline(mode, model_path, config, engine_args, dataset,
+                                                  conversations, args.max_tokens, on_request)
+                measurements.append({"method": name, **measurement})
+    except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
+        traceback.print_exc()
+        return {**run, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+    return run
+
+
+def _results_path(directory: Path, machine_name: str, model_name: str) -> Path:
+    """<machine>-<model>-<date>.json, with -2, -3, ... if that name is taken."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"{machine_name}-{model_name}-{datetime.date.today().isoformat()}"
+    path, index = directory / f"{stem}.json", 1
+    while path.exists():
+        index += 1
+        path = directory / f"{stem}-{index}.json"
+    return path
+
+
+def _save(results: dict, path: Path) -> None:
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(results, indent=1) + "\n")
+    partial.replace(path)
+
+
+if __name__ == "__main__":
+    main()
