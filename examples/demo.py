@@ -21,9 +21,8 @@ from benchmarks.latency import LatencyResult, run_one_by_one
 from benchmarks.models import fetch
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
-#: float32: on CPU it is exact, so "identical output" is a meaningful check.
-ENGINE_KWARGS = dict(dtype="float32", enforce_eager=True, max_model_len=4096,
-                     kv_cache_memory_bytes=1 << 30, seed=0)
+ENGINE_KWARGS = dict(enforce_eager=True, max_model_len=4096, kv_cache_memory_bytes=1 << 30,
+                     seed=0)
 
 
 def demo_questions(count: int) -> list[str]:
@@ -36,11 +35,13 @@ def demo_questions(count: int) -> list[str]:
     return [by_category[order[i % len(order)]][i // len(order)] for i in range(count)]
 
 
-def run(model_path: str, prompts: list[list[int]], speculative_config, max_tokens: int):
+def run(model_path: str, prompts: list[list[int]], speculative_config, max_tokens: int,
+        dtype: str):
     """Latency result and, for lookahead, the proposer's (steps, seconds) in the worker."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model_path, speculative_config=speculative_config, **ENGINE_KWARGS)
+    llm = LLM(model_path, speculative_config=speculative_config, dtype=dtype,
+              **ENGINE_KWARGS)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     run_one_by_one(llm, prompts[:1], params)  # warm-up, not timed
     before = proposer_time(llm) if speculative_config else None
@@ -72,6 +73,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--num-speculative-tokens", type=int, default=6)
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (default): exact on CPU, so 'identical outputs' is a "
+                             "real check; bfloat16 is faster but two correct runs may differ")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # lets LLM.collective_rpc ship a function to the local worker (proposer timing)
@@ -87,14 +91,12 @@ def main() -> None:
                for q in demo_questions(args.prompts)]
     prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
 
-    plain, _ = run(model_path, prompts, None, args.max_tokens)
-    lookahead, (steps, seconds) = run(model_path, prompts,
-                    {"method": "lookahead",
-                     "num_speculative_tokens": args.num_speculative_tokens},
-                    args.max_tokens)
+    plain, _ = run(model_path, prompts, None, args.max_tokens, args.dtype)
+    spec = {"method": "lookahead", "num_speculative_tokens": args.num_speculative_tokens}
+    lookahead, (steps, seconds) = run(model_path, prompts, spec, args.max_tokens, args.dtype)
     identical = sum(a == b for a, b in zip(plain.outputs, lookahead.outputs))
-    print(f"\n{args.model}, {len(prompts)} Spec-Bench prompts, greedy, batch 1, "
-          f"{plain.generated_tokens} tokens generated per method")
+    print(f"\n{args.model} ({args.dtype}), {len(prompts)} Spec-Bench prompts, greedy, "
+          f"batch 1, {plain.generated_tokens} tokens generated per method")
     print(report("no spec", plain, plain))
     print(report("lookahead", lookahead, plain))
     print(f"identical outputs: {identical}/{len(prompts)}")
