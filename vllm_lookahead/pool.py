@@ -11,6 +11,7 @@ its size.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 
 import numba
@@ -76,7 +77,7 @@ class ResponseCorpus:
     def __init__(self, capacity: int, candidates_per_bigram: int = 16):
         self.capacity = capacity
         self.candidates_per_bigram = candidates_per_bigram
-        self._tokens: list[int] = []
+        self._tokens = array("i")  # 4 bytes a token
         self._index: dict[tuple[int, int], deque[int]] = {}
 
     def __len__(self) -> int:
@@ -101,7 +102,7 @@ class ResponseCorpus:
     def _drop_oldest(self, count: int) -> None:
         """Keep the newest responses; at least half goes, so rebuilds are rare."""
         kept = self._tokens[max(count, len(self._tokens) // 2):]
-        self._tokens, self._index = [], {}
+        self._tokens, self._index = array("i"), {}
         responses, current = [], []
         for token in kept:
             if token == self.SEPARATOR:
