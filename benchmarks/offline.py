@@ -57,7 +57,7 @@ def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
              startup_seconds: float, on_request: Callable[[], None]) -> dict:
     one_at_a_time = mode == "latency"
     counters_before = last_counters = _counters(llm)
-    proposer_before = _proposer_stats(llm)
+    proposer_before = proposer_stats(llm)
 
     def on_finish(record: RequestRecord) -> None:
         nonlocal last_counters
@@ -71,7 +71,7 @@ def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
     return measurement_json(
         mode, dataset, 1 if one_at_a_time else len(conversations), loop.wall_seconds,
         loop.engine_steps, _counters(llm) - counters_before,
-        _proposer_delta(proposer_before, _proposer_stats(llm)), loop.records,
+        proposer_delta(proposer_before, proposer_stats(llm)), loop.records,
         conversations.samples, startup_seconds)
 
 
@@ -79,7 +79,7 @@ def _counters(llm) -> SpecDecodeCounters:
     return SpecDecodeCounters.from_vllm_metrics(llm.get_metrics())
 
 
-def _proposer_stats(llm) -> dict | None:
+def proposer_stats(llm) -> dict | None:
     """The drafter's own counters where it keeps them (lookahead: steps and seconds).
 
     Needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 (a callable crosses into the worker).
@@ -90,7 +90,7 @@ def _proposer_stats(llm) -> dict | None:
     return dataclasses.asdict(first) if dataclasses.is_dataclass(first) else None
 
 
-def _proposer_delta(before: dict | None, after: dict | None) -> dict | None:
+def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
     if before is None or after is None:
         return None
     return {"steps": after["steps"] - before["steps"],

@@ -19,6 +19,7 @@ from pathlib import Path
 from benchmarks.cpu_env import configure_cpu_env
 from benchmarks.latency import LatencyResult, run_one_by_one
 from benchmarks.models import fetch
+from benchmarks.offline import proposer_delta, proposer_stats
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
 ENGINE_KWARGS = dict(enforce_eager=True, max_model_len=4096, kv_cache_memory_bytes=1 << 30,
@@ -37,28 +38,20 @@ def demo_questions(count: int) -> list[str]:
 
 def run(model_path: str, prompts: list[list[int]], speculative_config, max_tokens: int,
         dtype: str):
-    """Latency result and, for lookahead, the proposer's (steps, seconds) in the worker."""
+    """Latency result and, for lookahead, the proposer's steps and seconds in the worker."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model_path, speculative_config=speculative_config, dtype=dtype,
               **ENGINE_KWARGS)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     run_one_by_one(llm, prompts[:1], params)  # warm-up, not timed
-    before = proposer_time(llm) if speculative_config else None
+    before = proposer_stats(llm)
     result = run_one_by_one(llm, prompts, params)
-    proposer = None
-    if before is not None:
-        after = proposer_time(llm)
-        proposer = (after[0] - before[0], after[1] - before[1])
+    proposer = proposer_delta(before, proposer_stats(llm))
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
     return result, proposer
-
-
-def proposer_time(llm) -> tuple[int, float]:
-    (stats,) = llm.collective_rpc(lambda worker: worker.model_runner.drafter.stats)
-    return stats.steps, stats.seconds
 
 
 def report(label: str, result: LatencyResult, baseline: LatencyResult) -> str:
@@ -93,7 +86,7 @@ def main() -> None:
 
     plain, _ = run(model_path, prompts, None, args.max_tokens, args.dtype)
     spec = {"method": "lookahead", "num_speculative_tokens": args.num_speculative_tokens}
-    lookahead, (steps, seconds) = run(model_path, prompts, spec, args.max_tokens, args.dtype)
+    lookahead, proposer = run(model_path, prompts, spec, args.max_tokens, args.dtype)
     identical = sum(a == b for a, b in zip(plain.outputs, lookahead.outputs))
     print(f"\n{args.model} ({args.dtype}), {len(prompts)} Spec-Bench prompts, greedy, "
           f"batch 1, {plain.generated_tokens} tokens generated per method")
@@ -101,7 +94,8 @@ def main() -> None:
     print(report("lookahead", lookahead, plain))
     print(f"identical outputs: {identical}/{len(prompts)}")
     step_ms = 1000 * lookahead.seconds / lookahead.forward_passes
-    print(f"proposer: {1000 * seconds / steps:.3f} ms per step "
+    seconds = proposer["seconds"]
+    print(f"proposer: {1000 * seconds / proposer['steps']:.3f} ms per step "
           f"({100 * seconds / lookahead.seconds:.2f}% of generation time; "
           f"a step takes {step_ms:.1f} ms)")
 
