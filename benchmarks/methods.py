@@ -1,14 +1,14 @@
 """The methods compared: name -> vLLM `speculative_config` (None: no speculation).
 
 Defaults, chosen to compare like with like:
-* ngram: K=6 draft tokens and a 2..4-token suffix match, the same K and match
-  window as lookahead's defaults, so the difference is lookahead's n-gram pool.
-  (vLLM's own defaults, min=max=5 when neither is given, are marked "arbitrarily
-  chosen" in vllm/config/speculative.py; its docs' example uses K=5, max 4.)
+* ngram: K=6 draft tokens and a 2..4-token suffix match (vLLM's own defaults,
+  min=max=5 when neither is given, are marked "arbitrarily chosen" in
+  vllm/config/speculative.py; its docs' example uses K=5, max 4). ngram drafts K
+  tokens whenever it matches, so a larger K only adds rejected tokens.
 * suffix: vLLM's defaults (tree depth 24, spec factor 1.0, min token prob 0.1);
   suffix decoding sizes each draft itself, K=24 (vLLM's default, = tree depth) is only a cap.
 * draft_model: Qwen2.5-Coder-0.5B drafting K=4 for Qwen2.5-Coder-1.5B (same tokenizer).
-* lookahead: K=6, the plugin's defaults for everything else.
+* lookahead: the plugin's defaults (K=24 as a cap on its adaptive draft length).
 
 `--method-config NAME=JSON` merges JSON over NAME's default, or defines a new
 variant NAME whose JSON names its "method" (merged over that method's default).
@@ -45,7 +45,7 @@ DEFAULT_METHODS: dict[str, Method] = {
                install_hint="pip install arctic-inference==0.1.1"),
         Method("draft_model", {"method": "draft_model", "num_speculative_tokens": 4},
                draft="qwen2.5-coder-0.5b", target="qwen2.5-coder-1.5b"),
-        Method("lookahead", {"method": "lookahead", "num_speculative_tokens": 6}),
+        Method("lookahead", {"method": "lookahead"}),
     )
 }
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,9 +95,11 @@ class Replayer:
 
 class LookaheadReplayer(Replayer):
     def __init__(self, spec: dict):
-        super().__init__(spec)
-        from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+        from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, DEFAULT_SPEC_TOKENS
         from vllm_lookahead.proposer import LookaheadProposer
+
+        spec = {"num_speculative_tokens": DEFAULT_SPEC_TOKENS, **spec}
+        super().__init__(spec)
 
         options = {k: v for k, v in spec.items() if k not in ("method", "num_speculative_tokens")}
         self.runner = SimpleNamespace(
@@ -175,13 +179,18 @@ class SuffixReplayer(Replayer):
 REPLAYERS = {"lookahead": LookaheadReplayer, "ngram": NgramReplayer, "suffix": SuffixReplayer}
 
 
-def replay(replayer: Replayer, trace: list[Request]) -> list[tuple[int, int, int]]:
+def replay(make_replayer, trace: list[Request]) -> list[tuple[int, int, int]]:
     """(generated tokens, forward passes, draft tokens verified) per request.
 
+    Each dataset gets a fresh proposer, as each gets a fresh engine in benchmarks.run
+    (Spec-Bench repeats MT-Bench's questions: a shared memory would see the answers).
     The prefill pass counts as one forward pass (it yields the first token).
     """
     results = []
+    replayer, dataset = None, None
     for index, request in enumerate(trace):
+        if request.dataset != dataset:
+            replayer, dataset = make_replayer(), request.dataset
         request_id = f"replay-{index}"
         replayer.start(request_id, request.prompt)
         output, done, passes, drafted = request.output, 1, 1, 0
@@ -229,6 +238,8 @@ def main() -> None:
     run.add_argument("--methods", default="ngram,suffix,lookahead")
     run.add_argument("--method-config", action="append", default=[],
                      help="NAME=JSON: a variant (with 'method') or overrides of NAME")
+    run.add_argument("-o", "--output", help="also write the table, with the command and "
+                     "commit, to this Markdown file")
     args = parser.parse_args()
 
     if args.command == "record":
@@ -239,13 +250,24 @@ def main() -> None:
     methods = with_overrides(DEFAULT_METHODS, args.method_config)
     names = args.methods.split(",") + [c.partition("=")[0] for c in args.method_config]
     specs = {name: methods[name].config for name in dict.fromkeys(names)}
-    rows = {name: summarize(trace, replay(REPLAYERS[spec["method"]](spec), trace))
+    rows = {name: summarize(trace, replay(lambda: REPLAYERS[spec["method"]](spec), trace))
             for name, spec in specs.items()}
     keys = list(next(iter(rows.values())))
-    print("| S (draft tokens per pass) | " + " | ".join(rows) + " |")
-    print("|---|" + "---|" * len(rows))
-    for key in keys:
-        print(f"| {key} | " + " | ".join(rows[n][key] for n in rows) + " |")
+    table = ["| S (draft tokens per pass) | " + " | ".join(rows) + " |",
+             "|---|" + "---|" * len(rows)]
+    table += [f"| {key} | " + " | ".join(rows[n][key] for n in rows) + " |" for key in keys]
+    print("\n".join(table))
+    if args.output:
+        from benchmarks.machine import git_state
+
+        header = [f"# Replay of {args.trace}", "",
+                  f"* Command: `python -m benchmarks.replay {' '.join(map(shlex.quote, sys.argv[1:]))}`",
+                  "* Repository: commit {commit}{dirty}".format(
+                      commit=git_state()["commit"],
+                      dirty=" (with uncommitted changes)" if git_state()["dirty"] else ""),
+                  "* Methods: " + "; ".join(f"**{n}** `{json.dumps(c)}`" for n, c in specs.items()),
+                  "", __doc__.split("\n\n")[1].replace("\n", " "), ""]
+        Path(args.output).write_text("\n".join(header + table) + "\n")
 
 
 if __name__ == "__main__":

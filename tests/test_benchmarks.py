@@ -55,7 +55,7 @@ def test_override_merges_over_the_default():
         methods.DEFAULT_METHODS, ['lookahead={"num_speculative_tokens": 8, "ngram_size": 5}'])
     assert registry["lookahead"].config == {"method": "lookahead", "num_speculative_tokens": 8,
                                             "ngram_size": 5}
-    assert methods.DEFAULT_METHODS["lookahead"].config["num_speculative_tokens"] == 6
+    assert methods.DEFAULT_METHODS["lookahead"].config == {"method": "lookahead"}
 
 
 def test_variant_inherits_its_methods_default():
@@ -351,3 +351,18 @@ def test_report_renders_every_mode(tmp_path):
     assert "| spec_bench/c | none |" in text and "| spec_bench | 4 | none |" in text
     assert {p.name for p in written} == {"r.md", "r-speedup.png", "r-compression.png",
                                          "r-concurrency.png"}
+
+
+# -- replay ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("second_dataset, second_helped", [("b", False), ("a", True)])
+def test_replay_gives_each_dataset_a_fresh_proposer(second_dataset, second_helped):
+    from benchmarks.replay import LookaheadReplayer, Request, replay
+
+    answer = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]
+    trace = [Request("a", "c", [1, 2, 3], answer), Request(second_dataset, "c", [1, 2, 3], answer)]
+    results = replay(lambda: LookaheadReplayer({"method": "lookahead"}), trace)
+    (tokens, passes, _), (tokens_2, passes_2, drafted_2) = results
+    assert tokens == tokens_2 == len(answer) and passes == len(answer)  # nothing to copy
+    # within one dataset the first answer is in the corpus and the second one copies it
+    assert (passes_2 < passes) == second_helped and (drafted_2 > 0) == second_helped

@@ -111,6 +111,8 @@ BAD_CONFIGS = [
     ({"num_speculative_tokens": 129}, "num_speculative_tokens must be an integer in [1, 128]"),
     ({"pool_from_prompt": "yes"}, "pool_from_prompt must be true or false"),
     ({"pool_max_per_key": 0}, "pool_max_per_key must be an integer >= 1"),
+    ({"draft_min_prob": 1.5}, "draft_min_prob must be a number in [0, 1]"),
+    ({"draft_min_prob": "high"}, "draft_min_prob must be a number in [0, 1]"),
     ({"suffix_match_min": 5, "suffix_match_max": 3},
      "suffix_match_min must be <= suffix_match_max"),
     ({"prompt_lookup_max": 3}, "prompt_lookup_max cannot be used with method 'lookahead'"),

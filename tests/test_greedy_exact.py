@@ -100,3 +100,16 @@ def test_generation_up_to_max_model_len(stressed_lookahead, plain_llama_runs):
     before = metrics(stressed_lookahead)["vllm:spec_decode_num_accepted_tokens"]
     assert generate(stressed_lookahead, [LONG_PROMPT], params) == [plain_llama_runs["long"]]
     assert metrics(stressed_lookahead)["vllm:spec_decode_num_accepted_tokens"] > before
+
+
+def test_per_request_options_offline(stressed_lookahead, llama_reference):
+    """LLM.generate: a bad value fails at admission; good ones keep the output exact."""
+    prompts = make_prompts()[:2]
+    bad = greedy()
+    bad.extra_args = {"lookahead_num_speculative_tokens": 6}  # the engine's K is 5
+    with pytest.raises(Exception, match=r"must be an integer in \[0, 5\]"):
+        generate(stressed_lookahead, prompts, bad)
+    for k in (0, 3):
+        params = greedy()
+        params.extra_args = {"lookahead_num_speculative_tokens": k}
+        assert generate(stressed_lookahead, prompts, params) == llama_reference[:2]

@@ -11,7 +11,7 @@ import torch
 
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 from vllm_lookahead.pool import NgramPool, ResponseCorpus, _suffix_match
-from vllm_lookahead.proposer import LookaheadProposer
+from vllm_lookahead.proposer import DRAFT_LIMIT_MARGIN, LookaheadProposer
 from vllm_lookahead.worker import VerificationCapture
 
 MAX_LEN = 64
@@ -55,27 +55,51 @@ class Batch:
         return proposer.propose(sampled, self.num_tokens, self.tokens)
 
 
-def reference_suffix_match(tokens, min_n, max_n, max_out):
-    """Longest suffix (min_n..max_n) with its most recent earlier occurrence."""
+def reference_suffix_match(tokens, min_n, max_n, max_out, min_prob):
+    """Longest suffix (min_n..max_n); follow its occurrences' most frequent continuation
+    (ties: most recent) while the product of the frequencies stays >= min_prob."""
     n = len(tokens)
     for length in range(max_n, min_n - 1, -1):
-        if length >= n:
-            continue
         suffix = tokens[n - length :]
-        for end in range(n - 2, length - 2, -1):
-            if tokens[end - length + 1 : end + 1] == suffix:
-                return tokens[end + 1 : end + 1 + max_out]
-    return []
+        ends = [e for e in range(n - 2, length - 2, -1) if tokens[e - length + 1 : e + 1] == suffix]
+        if length < n and ends:
+            break
+    else:
+        return []
+    draft, prob = [], 1.0
+    while len(draft) < max_out:
+        ends = [e for e in ends if e + 1 + len(draft) < n]
+        if not ends:
+            break
+        nexts = [tokens[e + 1 + len(draft)] for e in ends]
+        token = max(nexts, key=lambda t: (nexts.count(t), -nexts.index(t)))
+        if prob * nexts.count(token) / len(nexts) < min_prob:
+            break
+        prob *= nexts.count(token) / len(nexts)
+        ends = [e for e in ends if tokens[e + 1 + len(draft)] == token]
+        draft.append(token)
+    return draft
 
 
-def test_suffix_match_agrees_with_reference():
+@pytest.mark.parametrize("min_prob", [0.0, 0.3, 0.6])
+def test_suffix_match_agrees_with_reference(min_prob):
     rng = random.Random(0)
     for _ in range(500):
         n = rng.randint(1, 40)
         tokens = [rng.randint(0, 4) for _ in range(n)]
         out = np.zeros(5, dtype=np.int32)
-        count, _ = _suffix_match(np.array(tokens, np.int32), n, 2, 4, 5, out)
-        assert out[:count].tolist() == reference_suffix_match(tokens, 2, 4, 5), tokens
+        count, _, _ = _suffix_match(np.array(tokens, np.int32), n, 2, 4, 5, min_prob, out)
+        assert out[:count].tolist() == reference_suffix_match(tokens, 2, 4, 5, min_prob), tokens
+
+
+def test_suffix_match_follows_the_most_frequent_continuation():
+    # "1 2 3" occurred three times: followed by 9, 7, 7 (most recent last)
+    tokens = np.array([1, 2, 3, 9, 5, 1, 2, 3, 7, 6, 1, 2, 3, 7, 8, 1, 2, 3], np.int32)
+    out = np.zeros(6, dtype=np.int32)
+    assert _suffix_match(tokens, len(tokens), 2, 4, 6, 0.0, out)[:2] == (5, 3)
+    assert out[:5].tolist() == [7, 8, 1, 2, 3]  # 7 (2 of 3), then 8 (tie: most recent)
+    count, _, prob = _suffix_match(tokens, len(tokens), 2, 4, 6, 0.5, out)
+    assert (count, prob) == (1, pytest.approx(2 / 3))  # 2/3 * 1/2 < 0.5 stops after 7
 
 
 def test_pool_lru_bounds_and_ranking():
@@ -83,10 +107,10 @@ def test_pool_lru_bounds_and_ranking():
     pool.add(1, (2, 3))
     pool.add(1, (4, 5))
     pool.add(1, (4, 5))
-    assert pool.best(1, guess_set_size=2) == (4, 5)  # most frequent
+    assert pool.best(1, guess_set_size=2) == ((4, 5), 2 / 3)  # most frequent, its share
     pool.add(1, (6, 7))  # evicts (2, 3), the least recently used
     assert pool.num_entries == 2
-    assert pool.best(1, guess_set_size=1) == (6, 7)  # only the newest is considered
+    assert pool.best(1, guess_set_size=1) == ((6, 7), 1.0)  # only the newest is considered
     pool.add(2, (1, 1))
     pool.add(3, (1, 1))  # third key: evicts key 1, the least recently used
     assert pool.best(1, 2) is None and pool.num_entries == 2
@@ -147,6 +171,39 @@ def test_empty_draft_when_nothing_matches():
     proposer, runner = make_proposer(k=4)
     batch = Batch(runner, {"a": [1, 2, 3, 4]})
     assert batch.propose(proposer, [[4]]) == [[]]
+
+
+def test_draft_stops_where_its_probability_estimate_falls_below_draft_min_prob():
+    # no suffix repeat; the pool saw key 5 followed by (6, 7) and by (8, 9): share 1/2 each
+    context = [5, 6, 7, 1, 5, 8, 9, 2, 5]
+    for min_prob, expected in [(0.0, [8, 9, 2, 5]), (0.4, [8, 9, 2, 5]), (0.6, [])]:
+        proposer, runner = make_proposer(k=4, ngram_size=3, draft_min_prob=min_prob)
+        assert Batch(runner, {"a": context}).propose(proposer, [[5]]) == [expected], min_prob
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_draft_length_follows_recent_acceptance(adaptive):
+    proposer, runner = make_proposer(k=8, adaptive_draft_length=adaptive)
+    context = [1, 2, 3] * 4
+    batch = Batch(runner, {"a": context})
+    lengths = [len(batch.propose(proposer, [[3]])[0])]
+    for sampled in ([1, 2, 3], [1, 2, 3, 1, 2, 3]):  # 2 of 8 accepted, then 5 of 5
+        context = context + sampled
+        batch.set({"a": context})
+        lengths.append(len(batch.propose(proposer, [sampled])[0]))
+    assert lengths == ([8, 2 + DRAFT_LIMIT_MARGIN, 8] if adaptive else [8, 8, 8])
+
+
+def test_per_request_overrides_bound_the_draft():
+    proposer, runner = make_proposer(k=8)
+    periodic = [1, 2, 3] * 10
+    batch = Batch(runner, {"off": periodic, "short": periodic, "bad": periodic, "plain": periodic})
+    for req_id, extra in [("off", {"lookahead_num_speculative_tokens": 0}),
+                          ("short", {"lookahead_num_speculative_tokens": 2}),
+                          ("bad", {"lookahead_num_speculative_tokens": 9})]:  # > K: ignored
+        runner.requests[req_id] = SimpleNamespace(sampling_params=SimpleNamespace(extra_args=extra))
+    drafts = batch.propose(proposer, [[3]] * 4)
+    assert list(map(len, drafts)) == [0, 2, 8, 8]
 
 
 def test_drafts_never_exceed_k_or_max_model_len():
@@ -214,8 +271,8 @@ def test_jacobi_harvest_reads_predictions_after_the_first_rejection():
     batch.set({"a": context + [42, 50]})
     batch.propose(proposer, [[42, 50]])
     pool = proposer._states["a"].pool
-    assert pool.best(43, 8) == (51, 52)  # Jacobi n-grams past the rejection
-    assert pool.best(44, 8) == (52, 53)
+    assert pool.best(43, 8)[0] == (51, 52)  # Jacobi n-grams past the rejection
+    assert pool.best(44, 8)[0] == (52, 53)
     assert proposer.stats.harvested_ngrams == 3  # keys 42, 43, 44; the key-41 window is output
 
 

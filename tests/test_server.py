@@ -129,3 +129,45 @@ def test_spec_decode_counters_move(servers):
     completion_texts(lookahead)
     assert lookahead.metric("vllm:spec_decode_num_drafts_total") > drafts_before
     assert lookahead.metric("vllm:spec_decode_num_accepted_tokens_total") > accepted_before
+
+
+@pytest.mark.parametrize("xargs, message", [
+    ({"lookahead_num_speculative_tokens": 25}, "lookahead_num_speculative_tokens must be an "
+                                               "integer in [0, 24]"),
+    ({"lookahead_draft_min_prob": -0.5}, "lookahead_draft_min_prob must be a number in [0, 1]"),
+    ({"lookahead_window": 3}, "unknown per-request option 'lookahead_window'"),
+])
+def test_bad_per_request_option_is_http_400_and_the_server_goes_on(servers, xargs, message):
+    plain, lookahead = servers
+    model = lookahead.client.models.list().data[0].id
+    response = requests.post(f"{lookahead.url}/v1/completions", timeout=60, json={
+        "model": model, "prompt": COMPLETION_PROMPTS[0], "max_tokens": 8, "vllm_xargs": xargs})
+    assert response.status_code == 400 and message in response.text, response.text
+    assert completion_texts(lookahead) == completion_texts(plain)
+
+
+def test_per_request_options_are_served_and_lossless(servers):
+    plain, lookahead = servers
+    model = lookahead.client.models.list().data[0].id
+    expected = completion_texts(plain)
+    drafts_before = lookahead.metric("vllm:spec_decode_num_drafts_total")
+    for k in (0, 2):
+        texts = [lookahead.client.completions.create(
+            model=model, prompt=prompt, **GENERATION,
+            extra_body={**GENERATION["extra_body"],
+                        "vllm_xargs": {"lookahead_num_speculative_tokens": k,
+                                       "lookahead_draft_min_prob": 0.3}}).choices[0].text
+            for prompt in COMPLETION_PROMPTS]
+        assert texts == expected
+        if k == 0:  # speculation off for these requests: no drafts at all
+            assert lookahead.metric("vllm:spec_decode_num_drafts_total") == drafts_before
+    assert lookahead.metric("vllm:spec_decode_num_drafts_total") > drafts_before
+
+
+def test_per_request_options_on_a_server_without_lookahead_are_http_400(servers):
+    plain, _ = servers
+    response = requests.post(f"{plain.url}/v1/completions", timeout=60, json={
+        "model": plain.client.models.list().data[0].id, "prompt": "x", "max_tokens": 2,
+        "vllm_xargs": {"lookahead_num_speculative_tokens": 2}})
+    assert response.status_code == 400
+    assert "does not run speculative method 'lookahead'" in response.text

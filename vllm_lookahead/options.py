@@ -16,7 +16,7 @@ ADDITIONAL_CONFIG_KEY = "vllm_lookahead"
 
 MIN_SPEC_TOKENS = 1
 MAX_SPEC_TOKENS = 128  # vLLM's rejection sampler asserts max_spec_len <= 128
-DEFAULT_SPEC_TOKENS = 6
+DEFAULT_SPEC_TOKENS = 24
 
 
 def _option(default: Any, low: int | None, doc: str):
@@ -51,7 +51,17 @@ class LookaheadOptions:
         2, 1, "Shortest context suffix that a prompt/output match must repeat."
     )
     suffix_match_max: int = _option(
-        4, 1, "Longest context suffix tried for a prompt/output match."
+        16, 1, "Longest context suffix tried for a prompt/output match."
+    )
+    draft_min_prob: float = _option(
+        0.1, None,
+        "Drafts stop where their estimated probability (product of the continuation "
+        "frequencies among context matches and pool entries) would fall below this.",
+    )
+    adaptive_draft_length: bool = _option(
+        True, None,
+        "Bound each request's draft length by its recent acceptance: grown after a fully "
+        "accepted draft, cut after a rejection (K stays the maximum).",
     )
     corpus_tokens: int = _option(
         262144, 0,
@@ -98,11 +108,56 @@ def _check_value(f: dataclasses.Field, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"lookahead: {f.name} must be true or false (got {value!r})")
         return value
+    if isinstance(f.default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0.0 <= value <= 1.0
+        ):
+            raise ValueError(f"lookahead: {f.name} must be a number in [0, 1] (got {value!r})")
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"lookahead: {f.name} must be an integer >= {low} (got {value!r})")
     if value < low:
         raise ValueError(f"lookahead: {f.name} must be an integer >= {low} (got {value})")
     return value
+
+
+#: Per-request overrides: keys of ``SamplingParams.extra_args`` (``vllm_xargs`` in the
+#: OpenAI API) named by this prefix and an option.
+REQUEST_KEY_PREFIX = "lookahead_"
+REQUEST_OPTIONS = ("num_speculative_tokens", "draft_min_prob")
+
+
+def request_overrides(extra_args: dict[str, Any] | None, server_k: int) -> dict[str, Any]:
+    """A request's validated overrides, by option name; errors name the key and range.
+
+    ``num_speculative_tokens`` is bounded by the server's K (0: no drafts for this
+    request); ``draft_min_prob`` accepts what the server option accepts.
+    """
+    overrides = {}
+    for key, value in (extra_args or {}).items():
+        if not key.startswith(REQUEST_KEY_PREFIX):
+            continue
+        name = key[len(REQUEST_KEY_PREFIX):]
+        if name == "num_speculative_tokens":
+            if isinstance(value, bool) or not isinstance(value, int) or not (
+                0 <= value <= server_k
+            ):
+                raise ValueError(
+                    f"{key} must be an integer in [0, {server_k}] (0 turns speculation off "
+                    f"for the request; {server_k} is the server's num_speculative_tokens) "
+                    f"(got {value!r})"
+                )
+        elif name in REQUEST_OPTIONS:
+            field_ = next(f for f in dataclasses.fields(LookaheadOptions) if f.name == name)
+            try:
+                value = _check_value(field_, value)
+            except ValueError as exc:
+                raise ValueError(str(exc).replace(f"lookahead: {name}", key)) from None
+        else:
+            accepted = ", ".join(REQUEST_KEY_PREFIX + n for n in REQUEST_OPTIONS)
+            raise ValueError(f"unknown per-request option {key!r}; accepted: {accepted}")
+        overrides[name] = value
+    return overrides
 
 
 def check_num_speculative_tokens(value: Any) -> int:
@@ -121,11 +176,14 @@ def options_table() -> str:
     rows = ["| option | default | accepted | meaning |", "|---|---|---|---|"]
     rows.append(
         f"| `num_speculative_tokens` (K) | {DEFAULT_SPEC_TOKENS} | integer in "
-        f"[{MIN_SPEC_TOKENS}, {MAX_SPEC_TOKENS}] | Draft tokens verified per step. |"
+        f"[{MIN_SPEC_TOKENS}, {MAX_SPEC_TOKENS}] | Most draft tokens verified per step (the cap "
+        "of the adaptive draft length). |"
     )
     for f in dataclasses.fields(LookaheadOptions):
         if isinstance(f.default, bool):
             accepted = "true / false"
+        elif isinstance(f.default, float):
+            accepted = "number in [0, 1]"
         else:
             accepted = f"integer >= {f.metadata['low']}"
         default = str(f.default).lower() if isinstance(f.default, bool) else f.default

@@ -13,6 +13,7 @@ Touch points in the configuration layer (the worker-side ones are in ``worker.py
 | ``EngineArgs.create_speculative_config`` | wrapped | rewrites ``lookahead`` to ``custom_class`` + options | 0.32.0 (CPU) |
 | ``EngineArgs.add_cli_args`` | wrapped | ``--speculative-config lookahead`` (bare word), ``--spec-method lookahead``, validation as argparse errors | 0.32.0 (CPU) |
 | ``EngineArgs.__init__``, ``AsyncEngineArgs.__init__`` | wrapped | legacy ``speculative_model=`` / ``num_speculative_tokens=`` keywords | 0.32.0 (CPU) |
+| ``vllm.v1.engine.input_processor.InputProcessor._validate_params`` | wrapped | checks per-request overrides (``extra_args``) at admission: a bad value is the client's error (HTTP 400), never the engine's | 0.32.0 (CPU) |
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from vllm_lookahead import _patching
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
     DEFAULT_SPEC_TOKENS,
+    REQUEST_KEY_PREFIX,
     LookaheadOptions,
     check_num_speculative_tokens,
+    request_overrides,
 )
 
 logger = logging.getLogger(__name__)
@@ -231,6 +234,45 @@ def _patch_legacy_kwargs(engine_args_cls: type) -> None:
     _patching.wrap(engine_args_cls, "__init__", make_wrapper)
 
 
+def _patch_request_validation() -> None:
+    try:
+        from vllm.v1.engine.input_processor import InputProcessor
+    except ImportError:
+        InputProcessor = None
+    if not hasattr(InputProcessor, "_validate_params"):
+        logger.warning("vllm-lookahead: this vLLM has no InputProcessor._validate_params; "
+                       "bad per-request lookahead options are ignored, not rejected")
+        return
+
+    def make_wrapper(original):
+        def _validate_params(self, params, *args, **kwargs):
+            result = original(self, params, *args, **kwargs)
+            extra = getattr(params, "extra_args", None) or {}
+            if any(key.startswith(REQUEST_KEY_PREFIX) for key in extra):
+                check_request_options(extra, self.vllm_config)
+            return result
+
+        return _validate_params
+
+    _patching.wrap(InputProcessor, "_validate_params", make_wrapper)
+
+
+def check_request_options(extra_args: dict[str, Any], vllm_config: Any) -> None:
+    """Raise vLLM's client error (HTTP 400) for bad ``lookahead_*`` request options."""
+    try:
+        from vllm.exceptions import VLLMValidationError as ClientError
+    except ImportError:
+        ClientError = ValueError
+    if ADDITIONAL_CONFIG_KEY not in (vllm_config.additional_config or {}):
+        keys = sorted(k for k in extra_args if k.startswith(REQUEST_KEY_PREFIX))
+        raise ClientError(f"{', '.join(keys)}: this server does not run speculative "
+                          "method 'lookahead'")
+    try:
+        request_overrides(extra_args, vllm_config.speculative_config.num_speculative_tokens)
+    except ValueError as exc:
+        raise ClientError(str(exc)) from None
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; idempotent, runs in every vLLM process."""
     try:
@@ -242,6 +284,7 @@ def register() -> None:
     _patch_cli(EngineArgs)
     for cls in (EngineArgs, AsyncEngineArgs):
         _patch_legacy_kwargs(cls)
+    _patch_request_validation()
 
     from vllm_lookahead import worker
 

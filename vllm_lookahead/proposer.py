@@ -16,6 +16,7 @@ request resumes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,13 +24,26 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead import worker
-from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, LookaheadOptions
+from vllm_lookahead.options import (
+    ADDITIONAL_CONFIG_KEY,
+    LookaheadOptions,
+    request_overrides,
+)
 from vllm_lookahead.pool import (
     NgramPool,
     ResponseCorpus,
     batch_suffix_match,
     warm_up_suffix_match,
 )
+
+logger = logging.getLogger(__name__)
+
+
+#: Adaptive draft length (``adaptive_draft_length``): growth after a fully accepted
+#: draft and slack over the accepted count after a rejection. Chosen by replaying
+#: SmolLM2 generations (benchmarks/replay.py) for the best compression per draft token.
+DRAFT_LIMIT_GROWTH = 8
+DRAFT_LIMIT_MARGIN = 3
 
 
 @dataclass
@@ -41,6 +55,9 @@ class _RequestState:
     output: list[int] = field(default_factory=list)  # for the corpus when finished
     pending_token: int = -1  # last context token when the draft below was proposed
     draft: list[int] = field(default_factory=list)
+    max_draft: int = 0  # K, or the request's own lower bound (extra_args)
+    draft_min_prob: float = 0.0  # the option, or the request's own value
+    draft_limit: int = 0  # current draft length bound (adaptive), <= max_draft
 
 
 @dataclass
@@ -77,6 +94,7 @@ class LookaheadProposer:
         self._match_out = np.zeros((max_rows, self.num_speculative_tokens), dtype=np.int32)
         self._match_count = np.zeros(max_rows, dtype=np.int64)
         self._match_len = np.zeros(max_rows, dtype=np.int64)
+        self._match_prob = np.zeros(max_rows, dtype=np.float64)
         warm_up_suffix_match()
 
     @property
@@ -128,8 +146,10 @@ class LookaheadProposer:
                 continue
             state = self._state_for(req_ids[row], row)
             num_tokens = int(num_tokens_no_spec[row])
+            accepted = len(sampled_token_ids[row]) - 1
             if row in harvest:
-                self._harvest(state, *harvest[row], len(sampled_token_ids[row]) - 1)
+                self._harvest(state, *harvest[row], accepted)
+            self._adapt_draft_limit(state, accepted)
             self._read_context(state, token_ids_cpu[row], num_tokens)
             state.pending_token = int(token_ids_cpu[row, num_tokens - 1])
             rows.append(row)
@@ -156,7 +176,37 @@ class LookaheadProposer:
             prompt_len = worker.num_prompt_tokens(self._runner, row)
             first = 0 if opts.pool_from_prompt else prompt_len
             state = self._states[req_id] = _RequestState(pool, prompt_len, first)
+            overrides = self._request_overrides(req_id)
+            state.max_draft = overrides.get("num_speculative_tokens",
+                                            self.num_speculative_tokens)
+            state.draft_min_prob = overrides.get("draft_min_prob", opts.draft_min_prob)
+            state.draft_limit = state.max_draft
         return state
+
+    def _request_overrides(self, req_id: str) -> dict[str, Any]:
+        """The request's ``extra_args`` overrides; admission already rejected bad ones
+        (``plugin.py``), so a bad one here means that check is missing: it is ignored."""
+        try:
+            return request_overrides(worker.extra_args(self._runner, req_id),
+                                     self.num_speculative_tokens)
+        except ValueError as exc:
+            logger.warning("vllm-lookahead: request %s: %s; using the server's options",
+                           req_id, exc)
+            return {}
+
+    def _adapt_draft_limit(self, state: _RequestState, accepted: int) -> None:
+        """Bound the next draft by the last step's outcome (K stays the maximum).
+
+        A fully accepted draft raises the bound by ``DRAFT_LIMIT_GROWTH``; a rejection
+        sets it to the accepted count plus ``DRAFT_LIMIT_MARGIN``, so copied spans get
+        long drafts and free text does not pay for tokens that are rarely accepted.
+        """
+        if not self.options.adaptive_draft_length or not state.draft:
+            return
+        if accepted >= len(state.draft):
+            state.draft_limit = min(state.max_draft, state.draft_limit + DRAFT_LIMIT_GROWTH)
+        else:
+            state.draft_limit = min(state.max_draft, accepted + DRAFT_LIMIT_MARGIN)
 
     def _read_context(self, state: _RequestState, tokens: np.ndarray, num_tokens: int) -> None:
         """Record the new output tokens and add the n-grams completed since last step."""
@@ -232,17 +282,20 @@ class LookaheadProposer:
         num_tokens = num_tokens_no_spec[rows_arr].astype(np.int64)
         # never past max_model_len: the bonus token needs a slot too
         limits = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        np.minimum(limits, [state.draft_limit for state in states], out=limits)
+        min_prob = np.array([state.draft_min_prob for state in states])
         opts = self.options
         batch_suffix_match(
             token_ids_cpu, rows_arr, num_tokens, limits, opts.suffix_match_min,
-            opts.suffix_match_max, self._match_out, self._match_count, self._match_len,
+            opts.suffix_match_max, min_prob, self._match_out, self._match_count,
+            self._match_len, self._match_prob,
         )
         for b, (row, state) in enumerate(zip(rows, states)):
             limit = int(limits[b])
-            draft, from_corpus = self._matched_continuation(b, token_ids_cpu[row],
-                                                            int(num_tokens[b]), limit)
+            draft, prob, from_corpus = self._matched_continuation(
+                b, token_ids_cpu[row], int(num_tokens[b]), limit)
             matched = len(draft)
-            self._fill_from_pool(state, draft, limit)
+            self._fill_from_pool(state, draft, limit, prob)
             state.draft = drafts[row] = draft
             if draft:
                 self._stats.drafts += 1
@@ -256,8 +309,9 @@ class LookaheadProposer:
 
     def _matched_continuation(
         self, b: int, tokens: np.ndarray, num_tokens: int, limit: int
-    ) -> tuple[list[int], bool]:
-        """The context's own match (batch slot ``b``) or a longer one in the corpus."""
+    ) -> tuple[list[int], float, bool]:
+        """The context's own match (batch slot ``b``) or a longer one in the corpus,
+        with the draft's probability estimate."""
         opts = self.options
         draft = self._match_out[b, : self._match_count[b]].tolist()
         own_length = self._match_len[b]
@@ -266,16 +320,21 @@ class LookaheadProposer:
             length, continuation = self._corpus.match(
                 suffix, max(opts.suffix_match_min, 2), opts.suffix_match_max, limit)
             if length > own_length:
-                return continuation, True
-        return draft, False
+                return continuation, 1.0, True
+        return draft, float(self._match_prob[b]) if draft else 1.0, False
 
-    def _fill_from_pool(self, state: _RequestState, draft: list[int], limit: int) -> None:
-        """Extend ``draft`` to ``limit`` tokens by chained lookups in the request's pool."""
+    def _fill_from_pool(
+        self, state: _RequestState, draft: list[int], limit: int, prob: float
+    ) -> None:
+        """Extend ``draft`` towards ``limit`` tokens by chained lookups in the request's
+        pool while the draft's probability estimate stays at or above ``draft_min_prob``."""
         key = draft[-1] if draft else state.pending_token
         while len(draft) < limit:
-            continuation = state.pool.best(key, self.options.guess_set_size)
-            if continuation is None:
+            best = state.pool.best(key, self.options.guess_set_size)
+            if best is None or prob * best[1] < state.draft_min_prob:
                 break
+            continuation, share = best
+            prob *= share
             draft.extend(continuation)
             key = continuation[-1]
         del draft[limit:]

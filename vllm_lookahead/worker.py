@@ -156,3 +156,9 @@ def live_request_ids(runner: Any) -> Any:
 
 def num_prompt_tokens(runner: Any, row: int) -> int:
     return int(runner.input_batch.num_prompt_tokens[row])
+
+
+def extra_args(runner: Any, req_id: str) -> dict[str, Any] | None:
+    """The request's ``SamplingParams.extra_args`` (None for pooling requests)."""
+    params = getattr(runner.requests.get(req_id), "sampling_params", None)
+    return getattr(params, "extra_args", None)
