@@ -65,7 +65,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--prompts", type=int, default=6)
-    parser.add_argument("--num-speculative-tokens", type=int, default=6)
+    parser.add_argument("--num-speculative-tokens", type=int, default=None,
+                        help="K, the cap of the draft length (default: the plugin's)")
     parser.add_argument("--dtype", default="float32",
                         help="float32 (default): exact on CPU, so 'identical outputs' is a "
                              "real check; bfloat16 is faster but two correct runs may differ")
@@ -85,7 +86,9 @@ def main() -> None:
     prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
 
     plain, _ = run(model_path, prompts, None, args.max_tokens, args.dtype)
-    spec = {"method": "lookahead", "num_speculative_tokens": args.num_speculative_tokens}
+    spec = {"method": "lookahead"}
+    if args.num_speculative_tokens is not None:
+        spec["num_speculative_tokens"] = args.num_speculative_tokens
     lookahead, proposer = run(model_path, prompts, spec, args.max_tokens, args.dtype)
     identical = sum(a == b for a, b in zip(plain.outputs, lookahead.outputs))
     print(f"\n{args.model} ({args.dtype}), {len(prompts)} Spec-Bench prompts, greedy, "

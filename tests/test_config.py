@@ -14,6 +14,7 @@ import vllm_lookahead  # noqa: F401  (registers, as the entry point does in vLLM
 from vllm_lookahead import plugin
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
+    DEFAULT_SPEC_TOKENS,
     LookaheadOptions,
     options_table,
 )
@@ -34,7 +35,7 @@ def engine_config_from_cli(argv):
     return AsyncEngineArgs.from_cli_args(args).create_engine_config()
 
 
-def assert_lookahead(config, num_tokens=6, **options):
+def assert_lookahead(config, num_tokens=DEFAULT_SPEC_TOKENS, **options):
     assert config.speculative_config.method == "custom_class"
     assert config.speculative_config.model == PROPOSER
     assert config.speculative_config.num_speculative_tokens == num_tokens
@@ -67,7 +68,9 @@ def test_register_is_idempotent():
     ids=["dict", "model-alias", "spec_method", "speculative_model", "legacy-pair"],
 )
 def test_python_spellings(llama_path, kwargs):
-    assert_lookahead(EngineArgs(model=llama_path, **kwargs).create_engine_config())
+    num_tokens = kwargs.get("num_speculative_tokens") or kwargs.get(
+        "speculative_config", {}).get("num_speculative_tokens", DEFAULT_SPEC_TOKENS)
+    assert_lookahead(EngineArgs(model=llama_path, **kwargs).create_engine_config(), num_tokens)
 
 
 def test_python_options_reach_additional_config(llama_path):
@@ -90,7 +93,7 @@ def test_python_options_reach_additional_config(llama_path):
 )
 def test_cli_spellings(llama_path, argv):
     config = engine_config_from_cli(["--model", llama_path, *argv])
-    assert_lookahead(config)
+    assert_lookahead(config, 6 if "num_speculative_tokens" in argv[1] else DEFAULT_SPEC_TOKENS)
     if "--speculative-config.ngram_size" in argv:
         assert config.additional_config[ADDITIONAL_CONFIG_KEY]["ngram_size"] == 5
 

@@ -152,12 +152,12 @@ def test_per_request_options_are_served_and_lossless(servers):
     expected = completion_texts(plain)
     drafts_before = lookahead.metric("vllm:spec_decode_num_drafts_total")
     for k in (0, 2):
-        texts = [lookahead.client.completions.create(
-            model=model, prompt=prompt, **GENERATION,
-            extra_body={**GENERATION["extra_body"],
-                        "vllm_xargs": {"lookahead_num_speculative_tokens": k,
-                                       "lookahead_draft_min_prob": 0.3}}).choices[0].text
-            for prompt in COMPLETION_PROMPTS]
+        xargs = {"lookahead_num_speculative_tokens": k, "lookahead_draft_min_prob": 0.3}
+        generation = {**GENERATION, "extra_body": {**GENERATION["extra_body"],
+                                                   "vllm_xargs": xargs}}
+        texts = [lookahead.client.completions.create(model=model, prompt=prompt,
+                                                     **generation).choices[0].text
+                 for prompt in COMPLETION_PROMPTS]
         assert texts == expected
         if k == 0:  # speculation off for these requests: no drafts at all
             assert lookahead.metric("vllm:spec_decode_num_drafts_total") == drafts_before

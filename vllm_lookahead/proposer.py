@@ -1,9 +1,12 @@
 """The lookahead proposer: linear drafts from context matches and a Jacobi-fed n-gram pool.
 
 vLLM verifies one linear draft per request per step. Each draft is built from
-(1) the longest recent repeat of the context's suffix, in the request's own prompt
-and output or in the responses of earlier requests (whichever match is longer),
-(2) chained lookups in the request's n-gram pool to fill the remaining slots.
+(1) the most frequent continuation of the longest repeat of the context's suffix,
+in the request's own prompt and output or in the responses of earlier requests
+(whichever match is longer), (2) chained lookups in the request's n-gram pool to
+fill the remaining slots. A draft ends where its probability estimate falls below
+``draft_min_prob`` or at the request's adaptive length bound: every draft token
+costs target compute, so tokens unlikely to be accepted are not proposed.
 Each verification pass doubles as one Jacobi iteration: the target's prediction at
 every draft position, including those after the first rejection, feeds the pool.
 
