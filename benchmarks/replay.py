@@ -260,11 +260,11 @@ def main() -> None:
     if args.output:
         from benchmarks.machine import git_state
 
+        git = git_state()
+        dirty = " (with uncommitted changes)" if git["dirty"] else ""
         header = [f"# Replay of {args.trace}", "",
                   f"* Command: `python -m benchmarks.replay {' '.join(map(shlex.quote, sys.argv[1:]))}`",
-                  "* Repository: commit {commit}{dirty}".format(
-                      commit=git_state()["commit"],
-                      dirty=" (with uncommitted changes)" if git_state()["dirty"] else ""),
+                  f"* Repository: commit {git['commit']}{dirty}",
                   "* Methods: " + "; ".join(f"**{n}** `{json.dumps(c)}`" for n, c in specs.items()),
                   "", __doc__.split("\n\n")[1].replace("\n", " "), ""]
         Path(args.output).write_text("\n".join(header + table) + "\n")

@@ -102,22 +102,25 @@ class LookaheadOptions:
         return dataclasses.asdict(self)
 
 
-def _check_value(f: dataclasses.Field, value: Any) -> Any:
+def _check_value(f: dataclasses.Field, value: Any, label: str | None = None) -> Any:
+    """The value, checked against ``f``'s type and range; errors start with ``label``
+    (default ``lookahead: <option>``)."""
+    label = label or f"lookahead: {f.name}"
     low = f.metadata["low"]
     if isinstance(f.default, bool):
         if not isinstance(value, bool):
-            raise ValueError(f"lookahead: {f.name} must be true or false (got {value!r})")
+            raise ValueError(f"{label} must be true or false (got {value!r})")
         return value
     if isinstance(f.default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             0.0 <= value <= 1.0
         ):
-            raise ValueError(f"lookahead: {f.name} must be a number in [0, 1] (got {value!r})")
+            raise ValueError(f"{label} must be a number in [0, 1] (got {value!r})")
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"lookahead: {f.name} must be an integer >= {low} (got {value!r})")
+        raise ValueError(f"{label} must be an integer >= {low} (got {value!r})")
     if value < low:
-        raise ValueError(f"lookahead: {f.name} must be an integer >= {low} (got {value})")
+        raise ValueError(f"{label} must be an integer >= {low} (got {value})")
     return value
 
 
@@ -149,10 +152,7 @@ def request_overrides(extra_args: dict[str, Any] | None, server_k: int) -> dict[
                 )
         elif name in REQUEST_OPTIONS:
             field_ = next(f for f in dataclasses.fields(LookaheadOptions) if f.name == name)
-            try:
-                value = _check_value(field_, value)
-            except ValueError as exc:
-                raise ValueError(str(exc).replace(f"lookahead: {name}", key)) from None
+            value = _check_value(field_, value, label=key)
         else:
             accepted = ", ".join(REQUEST_KEY_PREFIX + n for n in REQUEST_OPTIONS)
             raise ValueError(f"unknown per-request option {key!r}; accepted: {accepted}")
