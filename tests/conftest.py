@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from tiny_models import build_model
@@ -80,6 +81,21 @@ def metrics(llm) -> dict:
 def proposer_stats(llm):
     """The lookahead proposer's counters on every worker (one per TP rank)."""
     return llm.collective_rpc(lambda worker: worker.model_runner.drafter.stats)
+
+
+def stats_once_idle(llm, timeout_s: float = 30.0):
+    """Proposer counters once every request's state is freed.
+
+    The scheduler reports a finished request to the runner in the engine's next step,
+    which the engine-core process runs right after returning the last output; an RPC
+    sent at once may be served before that step, so wait for it (bounded).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = proposer_stats(llm)
+        if all(s.active_requests == 0 for s in stats) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
 
 
 def shutdown(llm) -> None:

@@ -17,8 +17,8 @@ from conftest import (
     greedy,
     make_prompts,
     metrics,
-    proposer_stats,
     shutdown,
+    stats_once_idle,
 )
 from vllm import LLM
 
@@ -67,7 +67,7 @@ def test_batch_of_1_matches_plain_decoding(stressed_lookahead, llama_reference):
 
 def test_proposer_state_is_freed_after_requests_finish(stressed_lookahead):
     generate(stressed_lookahead, make_prompts()[:3], GREEDY)
-    (stats,) = proposer_stats(stressed_lookahead)
+    (stats,) = stats_once_idle(stressed_lookahead)
     assert stats.active_requests == 0
     assert stats.harvested_ngrams > 0
 
@@ -89,7 +89,7 @@ def test_abort_mid_generation_frees_state_and_spares_the_others(stressed_lookahe
     assert finished["abort-test-0"] == llama_reference[0]
     assert finished["abort-test-2"] == llama_reference[2]
     assert aborted and "abort-test-1" not in finished
-    (stats,) = proposer_stats(stressed_lookahead)
+    (stats,) = stats_once_idle(stressed_lookahead)
     assert stats.active_requests == 0
 
 
