@@ -103,7 +103,7 @@ class SpecDecodeCounters:
         counters = cls()
         per_pos: dict[int, int] = {}
         for line in text.splitlines():
-            match = _PROMETHEUS_SAMPLE.match(line)
+            match = PROMETHEUS_SAMPLE.match(line)
             if not match:
                 continue
             name, labels, value = match["name"], match["labels"] or "", int(float(match["value"]))
@@ -120,7 +120,7 @@ class SpecDecodeCounters:
         return counters
 
 
-_PROMETHEUS_SAMPLE = re.compile(
+PROMETHEUS_SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 
 

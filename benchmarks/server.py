@@ -103,6 +103,10 @@ class ApiServer:
         self._log.close()
         os.unlink(self._log.name)
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def _log_tail(self) -> str:
         self._log.flush()
         with open(self._log.name, errors="replace") as f:

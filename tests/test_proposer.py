@@ -17,13 +17,21 @@ from vllm_lookahead.worker import VerificationCapture
 MAX_LEN = 64
 
 
-def make_proposer(k=4, max_model_len=MAX_LEN, **options):
-    config = SimpleNamespace(
+def fake_vllm_config(k, max_model_len=MAX_LEN, additional_config=None, instance_id=""):
+    """The parts of VllmConfig the proposer reads (no instance id: no metrics snapshots)."""
+    return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
-        model_config=SimpleNamespace(max_model_len=max_model_len),
+        model_config=SimpleNamespace(max_model_len=max_model_len, served_model_name="m"),
         scheduler_config=SimpleNamespace(max_num_seqs=8),
-        additional_config={ADDITIONAL_CONFIG_KEY: {"method": "lookahead", **options}},
+        parallel_config=SimpleNamespace(data_parallel_rank=0),
+        additional_config=additional_config or {},
+        instance_id=instance_id,
     )
+
+
+def make_proposer(k=4, max_model_len=MAX_LEN, **options):
+    config = fake_vllm_config(
+        k, max_model_len, {ADDITIONAL_CONFIG_KEY: {"method": "lookahead", **options}})
     proposer = LookaheadProposer(config)
     runner = SimpleNamespace(
         input_batch=SimpleNamespace(req_ids=[], num_prompt_tokens=np.zeros(8, np.int32)),
@@ -135,6 +143,43 @@ def test_corpus_keeps_the_newest_responses_within_capacity():
     assert len(corpus) <= 12
     assert corpus.match([50, 51], 2, 4, 5) == (2, [52, 53])
     assert corpus.match([10, 11], 2, 4, 5) == (0, [])
+
+
+def test_corpus_matches_a_brute_force_search_and_keeps_fixed_memory():
+    """Hash chains find what scanning the kept tokens finds (the 16 most recent
+    occurrences of the last bigram), through many drops of the oldest half."""
+    rng = random.Random(7)
+    corpus = ResponseCorpus(capacity=500)
+    arrays = (corpus._tokens, corpus._prev, corpus._heads)
+    for _ in range(400):
+        corpus.add([rng.randrange(6) for _ in range(rng.randint(1, 30))])
+        suffix = [rng.randrange(6) for _ in range(rng.randint(2, 8))]
+        assert corpus.match(suffix, 2, 6, 4) == brute_force_match(
+            corpus._tokens[: len(corpus)].tolist(), suffix, 6, 4)
+    assert len(corpus) <= 500
+    assert all(a is b for a, b in zip(arrays, (corpus._tokens, corpus._prev, corpus._heads)))
+    assert sum(a.nbytes for a in arrays) == ResponseCorpus.bytes_for(500)
+
+
+def brute_force_match(tokens, suffix, max_n, max_out, candidates=16):
+    ends = [p for p in range(len(tokens) - 1, 0, -1)
+            if tokens[p - 1 : p + 1] == suffix[-2:]][:candidates]
+    best_len, best_end = 0, -1
+    for end in ends:
+        length = 2
+        while (length < min(max_n, len(suffix)) and end - length >= 0
+               and tokens[end - length] == suffix[-1 - length]):
+            length += 1
+        if length > best_len:
+            best_len, best_end = length, end
+    if best_len < 2:
+        return 0, []
+    continuation = []
+    for token in tokens[best_end + 1 : best_end + 1 + max_out]:
+        if token == ResponseCorpus.SEPARATOR:
+            break
+        continuation.append(token)
+    return best_len, continuation
 
 
 def test_finished_outputs_help_later_requests_but_preempted_ones_do_not():
@@ -293,11 +338,6 @@ def test_harvest_ignores_dummy_runs_and_foreign_drafts():
 
 
 def test_unbound_runner_fails_at_load_model():
-    config = SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=2),
-        model_config=SimpleNamespace(max_model_len=MAX_LEN),
-        scheduler_config=SimpleNamespace(max_num_seqs=8),
-        additional_config={},
-    )
+    config = fake_vllm_config(2)
     with pytest.raises(RuntimeError, match="not bound"):
         LookaheadProposer(config).load_model(None)

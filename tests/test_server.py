@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from benchmarks.load_test import build_workload, evaluate, load_server, reference_outputs
+from conftest import make_prompts
 from openai import OpenAI
 
 SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
@@ -171,3 +177,60 @@ def test_per_request_options_on_a_server_without_lookahead_are_http_400(servers)
         "vllm_xargs": {"lookahead_num_speculative_tokens": 2}})
     assert response.status_code == 400
     assert "does not run speculative method 'lookahead'" in response.text
+
+
+def test_lookahead_metrics_move(servers):
+    """Pool size and state count rise while a request runs and fall back when it ends."""
+    _, lookahead = servers
+    counters = ["vllm:lookahead_drafts_total", "vllm:lookahead_harvested_ngrams_total",
+                "vllm:lookahead_generated_tokens_total", "vllm:lookahead_draft_tokens_total"]
+    before = {name: lookahead.metric(name) for name in counters}
+    observed, stop = threading.Event(), threading.Event()
+
+    def watch():  # snapshots are at most a second old; the batch below runs for seconds
+        while not stop.is_set():
+            if (lookahead.metric("vllm:lookahead_active_requests") > 0
+                    and lookahead.metric("vllm:lookahead_pool_ngrams") > 0):
+                observed.set()
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    model = lookahead.client.models.list().data[0].id
+    prompts = make_prompts(8, seed=5)  # up to 300 tokens; + 700 fits max_model_len
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        for _ in range(3):
+            list(pool.map(lambda prompt: lookahead.client.completions.create(
+                model=model, prompt=prompt, max_tokens=700, temperature=0,
+                extra_body={"ignore_eos": True}), prompts))
+            if observed.is_set():
+                break
+    stop.set()
+    watcher.join()
+    assert observed.is_set(), "never saw the running request in the proposer gauges"
+    assert all(lookahead.metric(name) > before[name] for name in counters)
+    assert lookahead.metric("vllm:lookahead_compression_ratio") > 1.0
+    deadline = time.monotonic() + 30
+    while lookahead.metric("vllm:lookahead_active_requests") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert lookahead.metric("vllm:lookahead_active_requests") == 0
+    assert lookahead.metric("vllm:lookahead_pool_ngrams") == 0
+    assert lookahead.metric("vllm:lookahead_corpus_size_tokens") > 0
+
+
+def test_load_with_streams_disconnects_and_bad_requests(servers):
+    """A small run of benchmarks.load_test (the 500-request one is in benchmarks/results)."""
+    plain, lookahead = servers
+    model = lookahead.client.models.list().data[0].id
+    specs = build_workload(make_prompts(16, seed=3), 64, max_model_len=1024, seed=1,
+                           disconnect_share=0.3, bad_share=0.05, near_limit_share=0.05)
+    assert any(s.near_max_model_len for s in specs) and any(s.bad_option for s in specs)
+    reference = asyncio.run(reference_outputs(plain.url, model, specs, 16, 600))
+    load = asyncio.run(load_server(lookahead.url, model, lookahead.process.pid, specs, 16, 600))
+    evaluation = evaluate(specs, load["outcomes"], reference, load, rss_bound_mib=128)
+    assert evaluation["passed"], json.dumps({k: evaluation[k] for k in ("checks", "unexpected",
+                                                             "mismatched_requests",
+                                                             "rss_growth_mib")}, indent=1)
+    assert evaluation["statuses"]["disconnected"] > 0
+    assert evaluation["compared"] > 30

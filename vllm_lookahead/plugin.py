@@ -14,6 +14,7 @@ Touch points in the configuration layer (the worker-side ones are in ``worker.py
 | ``EngineArgs.add_cli_args`` | wrapped | ``--speculative-config lookahead`` (bare word), ``--spec-method lookahead``, validation as argparse errors | 0.32.0 (CPU) |
 | ``EngineArgs.__init__``, ``AsyncEngineArgs.__init__`` | wrapped | legacy ``speculative_model=`` / ``num_speculative_tokens=`` keywords | 0.32.0 (CPU) |
 | ``vllm.v1.engine.input_processor.InputProcessor._validate_params`` | wrapped | checks per-request overrides (``extra_args``) at admission: a bad value is the client's error (HTTP 400), never the engine's | 0.32.0 (CPU) |
+| ``vllm.v1.metrics.loggers.PrometheusStatLogger.__init__`` | wrapped | points ``metrics.py``'s collector at the new engine, after vLLM has replaced its own collectors | 0.32.0 (CPU) |
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import logging
 from typing import Any
 
-from vllm_lookahead import _patching
+from vllm_lookahead import _patching, metrics
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
     DEFAULT_SPEC_TOKENS,
@@ -257,6 +258,27 @@ def _patch_request_validation() -> None:
     _patching.wrap(InputProcessor, "_validate_params", make_wrapper)
 
 
+def _patch_prometheus_logger() -> None:
+    """Export the proposer's counters wherever vLLM sets up its Prometheus metrics."""
+    try:
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+    except ImportError:
+        logger.warning("vllm-lookahead: no vllm.v1.metrics.loggers.PrometheusStatLogger; "
+                       "lookahead metrics are not exported")
+        return
+
+    def make_wrapper(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            config = self.vllm_config
+            if ADDITIONAL_CONFIG_KEY in (config.additional_config or {}):
+                metrics.watch_engine(config, getattr(self, "engine_indexes", None) or [0])
+
+        return __init__
+
+    _patching.wrap(PrometheusStatLogger, "__init__", make_wrapper)
+
+
 def check_request_options(extra_args: dict[str, Any], vllm_config: Any) -> None:
     """Raise vLLM's client error (HTTP 400) for bad ``lookahead_*`` request options."""
     try:
@@ -285,6 +307,7 @@ def register() -> None:
     for cls in (EngineArgs, AsyncEngineArgs):
         _patch_legacy_kwargs(cls)
     _patch_request_validation()
+    _patch_prometheus_logger()
 
     from vllm_lookahead import worker
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead import worker
+from vllm_lookahead.metrics import SnapshotWriter
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
     LookaheadOptions,
@@ -75,7 +76,11 @@ class ProposerStats:
     corpus_tokens: int = 0
     pool_tokens: int = 0
     harvested_ngrams: int = 0
+    generated_tokens: int = 0  # by decoding requests, over
+    request_passes: int = 0  # their target forward passes (S = the ratio)
     active_requests: int = 0
+    pool_ngrams: int = 0  # held by active requests' pools
+    corpus_size: int = 0  # tokens held by the response corpus
 
 
 class LookaheadProposer:
@@ -89,6 +94,7 @@ class LookaheadProposer:
         extra.pop("method", None)
         self.options = LookaheadOptions.from_dict(extra)
         self._stats = ProposerStats()
+        self._snapshots = SnapshotWriter(vllm_config, worker.worker_rank())
         self._runner: Any = None
         self._states: dict[str, _RequestState] = {}
         self._capture: worker.VerificationCapture | None = None
@@ -102,7 +108,12 @@ class LookaheadProposer:
 
     @property
     def stats(self) -> ProposerStats:
-        return dataclasses.replace(self._stats, active_requests=len(self._states))
+        return dataclasses.replace(
+            self._stats,
+            active_requests=len(self._states),
+            pool_ngrams=sum(state.pool.num_entries for state in self._states.values()),
+            corpus_size=len(self._corpus),
+        )
 
     # -- hooks called by vLLM and worker.py ------------------------------------------
 
@@ -128,6 +139,8 @@ class LookaheadProposer:
                 self._corpus.add(state.output)
         for req_id in preempted:
             self._states.pop(req_id, None)
+        if self._snapshots.due() or not self._states:
+            self._snapshots.write(self.stats)
 
     def propose(
         self,
@@ -150,6 +163,8 @@ class LookaheadProposer:
             state = self._state_for(req_ids[row], row)
             num_tokens = int(num_tokens_no_spec[row])
             accepted = len(sampled_token_ids[row]) - 1
+            self._stats.generated_tokens += accepted + 1
+            self._stats.request_passes += 1
             if row in harvest:
                 self._harvest(state, *harvest[row], accepted)
             self._adapt_draft_limit(state, accepted)
@@ -161,6 +176,8 @@ class LookaheadProposer:
         drafts = self._draft(rows, states, num_tokens_no_spec, token_ids_cpu, num_rows)
         self._stats.steps += 1
         self._stats.seconds += time.perf_counter() - start
+        if self._snapshots.due():
+            self._snapshots.write(self.stats)
         return drafts
 
     # -- per-request state -------------------------------------------------------------

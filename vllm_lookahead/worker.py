@@ -154,6 +154,11 @@ def live_request_ids(runner: Any) -> Any:
     return runner.requests.keys()
 
 
+def worker_rank() -> int:
+    """This worker's rank in the engine's process group (0 without one)."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
 def num_prompt_tokens(runner: Any, row: int) -> int:
     return int(runner.input_batch.num_prompt_tokens[row])
 

@@ -1,0 +1,461 @@
+"""Load and abort test: the OpenAI server with lookahead under many concurrent requests.
+
+    python -m benchmarks.load_test --model smollm2-135m --requests 500 --concurrency 32
+
+The workload is seeded: token-id prompts of mixed lengths (first turns of the
+vendored prompt sets; a few filled up to just below ``max_model_len``), mixed
+``max_tokens``, half of the requests streamed, a share of the streams dropped by
+the client mid-way (the server aborts them), a few sampled (temperature 0.8, not
+compared), a few with an out-of-range per-request option (must be HTTP 400).
+Every greedy request is answered once by a server without speculation first.
+
+Checks (a failed one makes the exit status 1): the server stays healthy; every
+completed greedy response equals the reference token for token; every bad
+request got 400 and every other request was served; the proposer's state count
+(``vllm:lookahead_active_requests``) returns to 0; resident memory of the
+server's process tree grows less than ``--rss-growth-bound-mib`` from the end
+of the first half of the requests to the end (the
+first half warms up vLLM's and the allocator's caches). Writes JSON, Markdown and a PNG
+into benchmarks/results/ (``load-<machine>-<model>-<date>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks import machine
+from benchmarks.cpu_env import configure_cpu_env
+from benchmarks.records import PROMETHEUS_SAMPLE
+from benchmarks.server import ApiServer
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+MAX_TOKENS_CHOICES = (16, 64, 128, 256)
+BAD_OPTION = {"lookahead_num_speculative_tokens": 10_000}
+STATE_DRAIN_TIMEOUT_S = 60.0
+SAMPLE_PERIOD_S = 1.0
+
+
+@dataclass
+class RequestSpec:
+    index: int
+    prompt: list[int]
+    max_tokens: int
+    stream: bool
+    disconnect_after_chunks: int | None = None  # the client drops the stream
+    temperature: float = 0.0
+    bad_option: bool = False  # must be rejected with HTTP 400
+    near_max_model_len: bool = False
+
+    @property
+    def compared(self) -> bool:
+        """Greedy, served to the end: must equal the reference."""
+        return (self.temperature == 0 and not self.bad_option
+                and self.disconnect_after_chunks is None)
+
+
+@dataclass
+class Outcome:
+    status: str  # completed | disconnected | rejected | failed
+    tokens: list[int] = field(default_factory=list)
+    http_status: int | None = None
+    detail: str = ""
+
+
+def build_workload(prompts: list[list[int]], num_requests: int, max_model_len: int,
+                   seed: int = 0, disconnect_share: float = 0.15, sampled_share: float = 0.1,
+                   bad_share: float = 0.02, near_limit_share: float = 0.02) -> list[RequestSpec]:
+    rng = random.Random(seed)
+    specs = []
+    for index in range(num_requests):
+        prompt = list(prompts[index % len(prompts)])
+        max_tokens = rng.choice(MAX_TOKENS_CHOICES)
+        spec = RequestSpec(index, prompt, max_tokens, stream=rng.random() < 0.5)
+        draw = rng.random()
+        if draw < near_limit_share:  # fill to the limit with the prompt's own tokens
+            spec.near_max_model_len = True
+            length = max_model_len - max_tokens - rng.randint(0, 3)
+            spec.prompt = (prompt * (length // len(prompt) + 1))[:length]
+        elif draw < near_limit_share + bad_share:
+            spec.bad_option = True
+        elif draw < near_limit_share + bad_share + sampled_share:
+            spec.temperature = 0.8
+        elif spec.stream and rng.random() < disconnect_share * 2:  # streams are half
+            spec.disconnect_after_chunks = rng.randint(1, 8)
+        spec.prompt = spec.prompt[: max_model_len - max_tokens]
+        specs.append(spec)
+    return specs
+
+
+async def run_workload(base_url: str, model: str, specs: list[RequestSpec], concurrency: int,
+                       request_timeout: float, on_done=None) -> dict[int, Outcome]:
+    """Send ``specs`` with ``concurrency`` requests in flight; never raises per request."""
+    import httpx
+
+    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
+    for spec in specs:
+        queue.put_nowait(spec)
+    outcomes: dict[int, Outcome] = {}
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            spec = queue.get_nowait()
+            try:
+                outcomes[spec.index] = await asyncio.wait_for(
+                    _send(client, base_url, model, spec), request_timeout)
+            except Exception as exc:  # noqa: BLE001 - every failure is reported
+                outcomes[spec.index] = Outcome("failed", detail=f"{type(exc).__name__}: {exc}")
+            if on_done is not None:
+                on_done()
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, trust_env=False, timeout=request_timeout) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return outcomes
+
+
+async def _send(client, base_url: str, model: str, spec: RequestSpec) -> Outcome:
+    body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature, "ignore_eos": True, "return_token_ids": True,
+            "stream": spec.stream}
+    if spec.temperature:
+        body["top_p"] = 0.95
+    if spec.bad_option:
+        body["vllm_xargs"] = BAD_OPTION
+    url = f"{base_url}/v1/completions"
+    if not spec.stream:
+        response = await client.post(url, json=body)
+        if not response.is_success:
+            return Outcome("rejected", http_status=response.status_code, detail=response.text)
+        return _checked(spec, response.json()["choices"][0]["token_ids"])
+    tokens, chunks = [], 0
+    async with client.stream("POST", url, json=body) as response:
+        if not response.is_success:
+            detail = (await response.aread()).decode(errors="replace")
+            return Outcome("rejected", http_status=response.status_code, detail=detail)
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if "error" in chunk:  # a request refused after the stream began (vLLM:
+                error = chunk["error"]  # admission checks) names its HTTP status here
+                status = "rejected" if error.get("code") == 400 else "failed"
+                return Outcome(status, tokens, error.get("code"), str(error.get("message")))
+            for choice in chunk.get("choices") or ():
+                tokens += choice.get("token_ids") or []
+            chunks += 1
+            if chunks == spec.disconnect_after_chunks:
+                return Outcome("disconnected", tokens)  # leaving the block closes it
+    return _checked(spec, tokens)
+
+
+def _checked(spec: RequestSpec, tokens: list[int]) -> Outcome:
+    if len(tokens) != spec.max_tokens:
+        return Outcome("failed", tokens, 200,
+                       f"{len(tokens)} tokens for max_tokens={spec.max_tokens} with ignore_eos")
+    return Outcome("completed", tokens, 200)
+
+
+def prometheus_value(text: str, name: str) -> float | None:
+    """Sum of a metric's samples over label sets (None when absent)."""
+    values = [float(m["value"]) for m in map(PROMETHEUS_SAMPLE.match, text.splitlines())
+              if m and m["name"] == name]
+    return sum(values) if values else None
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process and its descendants (Linux /proc)."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)[1]) * 1024
+            for task in Path(f"/proc/{current}/task").iterdir():
+                stack += map(int, (task / "children").read_text().split())
+        except (OSError, TypeError):  # exited meanwhile, or a kernel thread
+            continue
+    return total
+
+
+class ServerProbe:
+    """Health, memory and lookahead gauges of one server, sampled in the background."""
+
+    def __init__(self, base_url: str, pid: int):
+        self.base_url = base_url
+        self.pid = pid
+        self.samples: list[dict] = []
+        self.unhealthy: list[str] = []
+        self._started = time.monotonic()
+
+    async def sample(self, client) -> dict:
+        row = {"t": round(time.monotonic() - self._started, 2), "rss_mib": rss_bytes(self.pid) / 2**20}
+        try:
+            health = await client.get(f"{self.base_url}/health", timeout=30)
+            if not health.is_success:
+                self.unhealthy.append(f"t={row['t']}: /health {health.status_code}")
+            text = (await client.get(f"{self.base_url}/metrics", timeout=30)).text
+            row["active_requests"] = prometheus_value(text, "vllm:lookahead_active_requests")
+            row["pool_ngrams"] = prometheus_value(text, "vllm:lookahead_pool_ngrams")
+        except Exception as exc:  # noqa: BLE001 - an unreachable server is a finding
+            self.unhealthy.append(f"t={row['t']}: {type(exc).__name__}: {exc}")
+        self.samples.append(row)
+        return row
+
+    async def run_until(self, done: asyncio.Event) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(trust_env=False) as client:
+            while not done.is_set():
+                await self.sample(client)
+                await asyncio.sleep(SAMPLE_PERIOD_S)
+
+    async def wait_for_freed_state(self) -> dict:
+        """Sample until no request state is left (bounded); the last sample."""
+        import httpx
+
+        deadline = time.monotonic() + STATE_DRAIN_TIMEOUT_S
+        async with httpx.AsyncClient(trust_env=False) as client:
+            while True:
+                row = await self.sample(client)
+                if row.get("active_requests") == 0 or time.monotonic() > deadline:
+                    return row
+                await asyncio.sleep(SAMPLE_PERIOD_S)
+
+
+async def load_server(base_url: str, model: str, pid: int, specs: list[RequestSpec],
+                      concurrency: int, request_timeout: float) -> dict:
+    """Run ``specs`` against a lookahead server while probing it; JSON-ready results."""
+    probe = ServerProbe(base_url, pid)
+    done, finished = asyncio.Event(), 0
+    half_rss: list[float] = []
+
+    def on_done() -> None:
+        nonlocal finished
+        finished += 1
+        if finished == max(1, len(specs) // 2):
+            half_rss.append(rss_bytes(pid) / 2**20)
+
+    started = time.monotonic()
+    probing = asyncio.create_task(probe.run_until(done))
+    outcomes = await run_workload(base_url, model, specs, concurrency, request_timeout, on_done)
+    wall = time.monotonic() - started
+    done.set()
+    await probing
+    final = await probe.wait_for_freed_state()
+    return {"outcomes": outcomes, "wall_seconds": wall, "samples": probe.samples,
+            "unhealthy": probe.unhealthy, "rss_mib_at_half": half_rss[0],
+            "final": final}
+
+
+def evaluate(specs: list[RequestSpec], outcomes: dict[int, Outcome],
+             reference: dict[int, list[int]], load: dict, rss_bound_mib: float) -> dict:
+    """Counts and the pass/fail checks of one load run."""
+    statuses: dict[str, int] = {}
+    for outcome in outcomes.values():
+        statuses[outcome.status] = statuses.get(outcome.status, 0) + 1
+    compared = [s for s in specs if s.compared]
+    mismatches = [s.index for s in compared if outcomes[s.index].tokens != reference[s.index]]
+    unexpected = [f"request {s.index}: {outcomes[s.index].status} "
+                  f"{outcomes[s.index].http_status} {outcomes[s.index].detail[:200]}"
+                  for s in specs if not _as_expected(s, outcomes[s.index])]
+    growth = load["final"]["rss_mib"] - load["rss_mib_at_half"]
+    checks = {
+        "server healthy throughout": not load["unhealthy"],
+        "every request got its expected outcome": not unexpected,
+        "completed greedy responses equal no-speculation": not mismatches,
+        "proposer state count back to 0": load["final"].get("active_requests") == 0,
+        f"RSS growth over the second half < {rss_bound_mib:g} MiB": growth < rss_bound_mib,
+    }
+    return {
+        "statuses": statuses,
+        "compared": len(compared),
+        "mismatched_requests": mismatches,
+        "first_divergence": {s.index: _first_difference(outcomes[s.index].tokens,
+                                                        reference[s.index])
+                             for s in compared if s.index in mismatches},
+        "unexpected": unexpected[:20],
+        "rss_growth_mib": growth,
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
+
+
+def _as_expected(spec: RequestSpec, outcome: Outcome) -> bool:
+    if spec.bad_option:
+        return outcome.status == "rejected" and outcome.http_status == 400
+    if spec.disconnect_after_chunks is not None:
+        # a short stream may end before the client drops it
+        return outcome.status in ("disconnected", "completed")
+    return outcome.status == "completed"
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+async def reference_outputs(base_url: str, model: str, specs: list[RequestSpec],
+                            concurrency: int, request_timeout: float) -> dict[int, list[int]]:
+    """Token ids of every compared request from a server without speculation."""
+    plain = [dataclasses.replace(s, stream=False) for s in specs if s.compared]
+    outcomes = await run_workload(base_url, model, plain, concurrency, request_timeout)
+    failed = [f"{i}: {o.detail[:200]}" for i, o in outcomes.items() if o.status != "completed"]
+    if failed:
+        raise RuntimeError(f"the reference server failed requests: {failed[:5]}")
+    return {index: outcome.tokens for index, outcome in outcomes.items()}
+
+
+def _dataset_prompts(model_path: str, count: int) -> list[list[int]]:
+    from benchmarks.datasets import DATASETS, ChatPrompter, load
+
+    prompter = ChatPrompter(model_path)
+    per_dataset = -(-count // len(DATASETS))
+    return [prompter.prompt(sample, []) for name in DATASETS for sample in load(name, per_dataset)]
+
+
+def write_results(results: dict, stem: Path) -> list[Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    json_path = stem.with_suffix(".json")
+    json_path.write_text(json.dumps(results, indent=1))
+    md_path = stem.with_suffix(".md")
+    md_path.write_text(render_markdown(results))
+    png_path = stem.with_suffix(".png")
+    _plot(results, png_path)
+    return [json_path, md_path, png_path]
+
+
+def render_markdown(results: dict) -> str:
+    ev, cfg = results["evaluation"], results["config"]
+    lines = [f"# Load test: {cfg['model']} ({cfg['dtype']}), {cfg['requests']} requests at "
+             f"concurrency {cfg['concurrency']}", "",
+             f"Command: `{results['command']}`  ",
+             f"Machine: {results['machine']['cpu_model']}, {results['machine']['cores_usable']} cores, date {results['date']}; "
+             f"lookahead server wall time {results['wall_seconds']:.0f} s "
+             f"({results['completed_tokens_per_s']:.1f} completed tokens/s).", "",
+             "| check | result |", "|---|---|"]
+    lines += [f"| {name} | {'pass' if ok else 'FAIL'} |" for name, ok in ev["checks"].items()]
+    lines += ["", "| outcome | requests |", "|---|---|"]
+    lines += [f"| {status} | {count} |" for status, count in sorted(ev["statuses"].items())]
+    lines += ["", f"Greedy responses compared with the no-speculation server: {ev['compared']}, "
+              f"mismatched: {len(ev['mismatched_requests'])}"
+              + (f" (first divergence at token {ev['first_divergence']})"
+                 if ev["mismatched_requests"] else "") + ".",
+              f"Server RSS (process tree): {results['rss_mib_at_half']:.0f} MiB after half "
+              f"of the requests, {results['final']['rss_mib']:.0f} MiB at the end "
+              f"(growth {ev['rss_growth_mib']:+.0f} MiB, bound {cfg['rss_growth_bound_mib']:g}); "
+              f"peak {max(s['rss_mib'] for s in results['samples']):.0f} MiB.",
+              f"Proposer state after the run: {results['final'].get('active_requests')} "
+              f"requests, {results['final'].get('pool_ngrams')} pool n-grams.", ""]
+    if ev["unexpected"]:
+        lines += ["Unexpected outcomes (first 20):", ""] + [f"- {u}" for u in ev["unexpected"]]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = results["samples"]
+    t = [s["t"] for s in samples]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    top.plot(t, [s["rss_mib"] for s in samples])
+    top.set_ylabel("server RSS (MiB)")
+    top.set_title(f"Load test, {results['config']['model']}: "
+                  f"{results['config']['requests']} requests at concurrency "
+                  f"{results['config']['concurrency']}")
+    bottom.plot(t, [s.get("active_requests") or 0 for s in samples], label="active requests")
+    pool = bottom.twinx()
+    pool.plot(t, [s.get("pool_ngrams") or 0 for s in samples], color="tab:orange",
+              label="pool n-grams")
+    bottom.set_ylabel("proposer: active requests")
+    pool.set_ylabel("pool n-grams", color="tab:orange")
+    bottom.set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.models import MODELS, fetch
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m",
+                        help=f"one of {', '.join(MODELS)} or a model folder")
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--dtype", default="float32",
+                        help="float32: greedy outputs must match bit for bit")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=2 * 2**30,
+                        help="small enough that full concurrency preempts requests")
+    parser.add_argument("--speculative-config", default='{"method": "lookahead"}')
+    parser.add_argument("--rss-growth-bound-mib", type=float, default=128.0)
+    parser.add_argument("--request-timeout", type=float, default=900.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, help="results stem (default: benchmarks/results/"
+                        "load-<machine>-<model>-<date>)")
+    args = parser.parse_args(argv)
+    configure_cpu_env()
+    model_path = str(fetch(args.model)) if args.model in MODELS else args.model
+    prompts = _dataset_prompts(model_path, 60)
+    specs = build_workload(prompts, args.requests, args.max_model_len, args.seed)
+    engine_args = {"dtype": args.dtype, "enforce_eager": True,
+                   "max_model_len": args.max_model_len, "seed": 0,
+                   "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                   "max_num_seqs": max(args.concurrency, 1)}
+    print(f"reference: {sum(s.compared for s in specs)} greedy requests, no speculation",
+          flush=True)
+    with ApiServer(model_path, None, engine_args, startup_timeout=900) as plain:
+        reference = asyncio.run(reference_outputs(plain.base_url, plain.model, specs,
+                                                  args.concurrency, args.request_timeout))
+    print(f"load: {len(specs)} requests at concurrency {args.concurrency}, lookahead", flush=True)
+    speculative = json.loads(args.speculative_config)
+    with ApiServer(model_path, speculative, engine_args, startup_timeout=900) as server:
+        load = asyncio.run(load_server(server.base_url, server.model, server.pid, specs,
+                                       args.concurrency, args.request_timeout))
+    evaluation = evaluate(specs, load["outcomes"], reference, load, args.rss_growth_bound_mib)
+    completed_tokens = sum(len(o.tokens) for o in load["outcomes"].values()
+                           if o.status == "completed")
+    date = datetime.date.today().isoformat()
+    results = {
+        "command": " ".join(["python -m benchmarks.load_test", *(argv or sys.argv[1:])]),
+        "date": date, "machine": machine.describe(), "software": machine.software_versions(),
+        "git": machine.git_state(),
+        "config": {"model": args.model, "dtype": args.dtype, "requests": args.requests,
+                   "concurrency": args.concurrency, "max_model_len": args.max_model_len,
+                   "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                   "speculative_config": speculative, "seed": args.seed,
+                   "rss_growth_bound_mib": args.rss_growth_bound_mib},
+        "workload": {"streamed": sum(s.stream for s in specs),
+                     "client_disconnects": sum(s.disconnect_after_chunks is not None
+                                               for s in specs),
+                     "sampled": sum(s.temperature > 0 for s in specs),
+                     "bad_option": sum(s.bad_option for s in specs),
+                     "near_max_model_len": sum(s.near_max_model_len for s in specs),
+                     "prompt_tokens": sum(len(s.prompt) for s in specs)},
+        "wall_seconds": load["wall_seconds"],
+        "completed_tokens_per_s": completed_tokens / load["wall_seconds"],
+        "rss_mib_at_half": load["rss_mib_at_half"],
+        "final": load["final"], "samples": load["samples"], "unhealthy": load["unhealthy"],
+        "evaluation": evaluation,
+    }
+    stem = args.output or RESULTS_DIR / f"load-{machine.default_name()}-{args.model}-{date}"
+    for path in write_results(results, stem):
+        print(f"wrote {path}")
+    print(render_markdown(results))
+    return 0 if evaluation["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
