@@ -18,6 +18,8 @@ setup(
         # vLLM's `suffix` method; builds from source (pulls a CUDA torch into the
         # build environment only), so it is not part of the test set-up.
         "suffix": ["arctic-inference==0.1.1"],
+        # distributed_executor_backend="ray" (examples/ray_multi_gpu.sh)
+        "ray": ["ray>=2.48"],
     },
     entry_points={"vllm.general_plugins": ["vllm_lookahead = vllm_lookahead.plugin:register"]},
 )

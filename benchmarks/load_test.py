@@ -1,6 +1,6 @@
 """Load and abort test: the OpenAI server with lookahead under many concurrent requests.
 
-    python -m benchmarks.load_test --model smollm2-135m --requests 500 --concurrency 32
+    python -m benchmarks.load_test --requests 500 --concurrency 32 [--model smollm2-135m]
 
 The workload is seeded: token-id prompts of mixed lengths (first turns of the
 vendored prompt sets; a few filled up to just below ``max_model_len``), mixed
@@ -43,6 +43,7 @@ MAX_TOKENS_CHOICES = (16, 64, 128, 256)
 BAD_OPTION = {"lookahead_num_speculative_tokens": 10_000}
 STATE_DRAIN_TIMEOUT_S = 60.0
 SAMPLE_PERIOD_S = 1.0
+TINY_MODEL = "tiny-llama"
 
 
 @dataclass
@@ -179,7 +180,7 @@ def rss_bytes(pid: int) -> int:
         current = stack.pop()
         try:
             status = Path(f"/proc/{current}/status").read_text()
-            total += int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)[1]) * 1024
+            total += int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)[1]) * 1024
             for task in Path(f"/proc/{current}/task").iterdir():
                 stack += map(int, (task / "children").read_text().split())
         except (OSError, TypeError):  # exited meanwhile, or a kernel thread
@@ -334,27 +335,29 @@ def write_results(results: dict, stem: Path) -> list[Path]:
 
 
 def render_markdown(results: dict) -> str:
-    ev, cfg = results["evaluation"], results["config"]
-    lines = [f"# Load test: {cfg['model']} ({cfg['dtype']}), {cfg['requests']} requests at "
-             f"concurrency {cfg['concurrency']}", "",
-             f"Command: `{results['command']}`  ",
-             f"Machine: {results['machine']['cpu_model']}, {results['machine']['cores_usable']} cores, date {results['date']}; "
-             f"lookahead server wall time {results['wall_seconds']:.0f} s "
-             f"({results['completed_tokens_per_s']:.1f} completed tokens/s).", "",
+    ev, cfg, host = results["evaluation"], results["config"], results["machine"]
+    title = (f"# Load test: {cfg['model']} ({cfg['dtype']}), {cfg['requests']} requests at "
+             f"concurrency {cfg['concurrency']}")
+    setting = (f"Machine: {host['cpu_model']}, {host['cores_usable']} cores, date "
+               f"{results['date']}; lookahead server wall time {results['wall_seconds']:.0f} s "
+               f"({results['completed_tokens_per_s']:.1f} completed tokens/s).")
+    lines = [title, "", f"Command: `{results['command']}`  ", setting, "",
              "| check | result |", "|---|---|"]
     lines += [f"| {name} | {'pass' if ok else 'FAIL'} |" for name, ok in ev["checks"].items()]
     lines += ["", "| outcome | requests |", "|---|---|"]
     lines += [f"| {status} | {count} |" for status, count in sorted(ev["statuses"].items())]
-    lines += ["", f"Greedy responses compared with the no-speculation server: {ev['compared']}, "
-              f"mismatched: {len(ev['mismatched_requests'])}"
-              + (f" (first divergence at token {ev['first_divergence']})"
-                 if ev["mismatched_requests"] else "") + ".",
-              f"Server RSS (process tree): {results['rss_mib_at_half']:.0f} MiB after half "
-              f"of the requests, {results['final']['rss_mib']:.0f} MiB at the end "
-              f"(growth {ev['rss_growth_mib']:+.0f} MiB, bound {cfg['rss_growth_bound_mib']:g}); "
-              f"peak {max(s['rss_mib'] for s in results['samples']):.0f} MiB.",
-              f"Proposer state after the run: {results['final'].get('active_requests')} "
-              f"requests, {results['final'].get('pool_ngrams')} pool n-grams.", ""]
+    divergence = (f" (first divergence at token {ev['first_divergence']})"
+                  if ev["mismatched_requests"] else "")
+    compared = (f"Greedy responses compared with the no-speculation server: {ev['compared']}, "
+                f"mismatched: {len(ev['mismatched_requests'])}{divergence}.")
+    peak = max(sample["rss_mib"] for sample in results["samples"])
+    memory = (f"Server RSS (process tree): {results['rss_mib_at_half']:.0f} MiB after half "
+              f"of the requests, {results['final']['rss_mib']:.0f} MiB at the end (growth "
+              f"{ev['rss_growth_mib']:+.0f} MiB, bound {cfg['rss_growth_bound_mib']:g}); "
+              f"peak {peak:.0f} MiB.")
+    state = (f"Proposer state after the run: {results['final'].get('active_requests')} "
+             f"requests, {results['final'].get('pool_ngrams')} pool n-grams.")
+    lines += ["", compared, memory, state, ""]
     if ev["unexpected"]:
         lines += ["Unexpected outcomes (first 20):", ""] + [f"- {u}" for u in ev["unexpected"]]
     return "\n".join(lines) + "\n"
@@ -390,15 +393,19 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.models import MODELS, fetch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m",
-                        help=f"one of {', '.join(MODELS)} or a model folder")
+    parser.add_argument("--model", default=TINY_MODEL,
+                        help=f"{TINY_MODEL} (the tests' random-weight Llama, built here), one "
+                             f"of {', '.join(MODELS)}, or a model folder")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--dtype", default="float32",
                         help="float32: greedy outputs must match bit for bit")
     parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=2 * 2**30,
-                        help="small enough that full concurrency preempts requests")
+    parser.add_argument("--kv-cache-memory-bytes", type=int,
+                        help="KV cache size (default: 64 MiB for the tiny model, 2 GiB else): "
+                             "small enough that the first half of the run touches all of it "
+                             "(its pages count in RSS once used) and that full concurrency "
+                             "preempts requests")
     parser.add_argument("--speculative-config", default='{"method": "lookahead"}')
     parser.add_argument("--rss-growth-bound-mib", type=float, default=128.0)
     parser.add_argument("--request-timeout", type=float, default=900.0)
@@ -407,7 +414,15 @@ def main(argv: list[str] | None = None) -> int:
                         "load-<machine>-<model>-<date>)")
     args = parser.parse_args(argv)
     configure_cpu_env()
-    model_path = str(fetch(args.model)) if args.model in MODELS else args.model
+    if args.kv_cache_memory_bytes is None:
+        args.kv_cache_memory_bytes = 64 * 2**20 if args.model == TINY_MODEL else 2 * 2**30
+    if args.model == TINY_MODEL:
+        from tests.tiny_models import build_model
+
+        model_path = str(build_model(Path.home() / ".cache" / "vllm-lookahead" / "models"
+                                     / TINY_MODEL, "llama", seed=0))
+    else:
+        model_path = str(fetch(args.model)) if args.model in MODELS else args.model
     prompts = _dataset_prompts(model_path, 60)
     specs = build_workload(prompts, args.requests, args.max_model_len, args.seed)
     engine_args = {"dtype": args.dtype, "enforce_eager": True,

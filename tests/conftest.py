@@ -98,6 +98,21 @@ def stats_once_idle(llm, timeout_s: float = 30.0):
         time.sleep(0.05)
 
 
+def fake_vllm_config(k, max_model_len, additional_config=None, instance_id=""):
+    """The parts of VllmConfig the proposer reads, for tests without an engine
+    (no instance id: no metrics snapshots)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len, served_model_name="m"),
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+        parallel_config=SimpleNamespace(data_parallel_rank=0),
+        additional_config=additional_config or {},
+        instance_id=instance_id,
+    )
+
+
 def shutdown(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
 

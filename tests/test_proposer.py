@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import fake_vllm_config
 
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 from vllm_lookahead.pool import NgramPool, ResponseCorpus, _suffix_match
@@ -15,18 +16,6 @@ from vllm_lookahead.proposer import DRAFT_LIMIT_MARGIN, LookaheadProposer
 from vllm_lookahead.worker import VerificationCapture
 
 MAX_LEN = 64
-
-
-def fake_vllm_config(k, max_model_len=MAX_LEN, additional_config=None, instance_id=""):
-    """The parts of VllmConfig the proposer reads (no instance id: no metrics snapshots)."""
-    return SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=k),
-        model_config=SimpleNamespace(max_model_len=max_model_len, served_model_name="m"),
-        scheduler_config=SimpleNamespace(max_num_seqs=8),
-        parallel_config=SimpleNamespace(data_parallel_rank=0),
-        additional_config=additional_config or {},
-        instance_id=instance_id,
-    )
 
 
 def make_proposer(k=4, max_model_len=MAX_LEN, **options):
@@ -338,6 +327,6 @@ def test_harvest_ignores_dummy_runs_and_foreign_drafts():
 
 
 def test_unbound_runner_fails_at_load_model():
-    config = fake_vllm_config(2)
+    config = fake_vllm_config(2, MAX_LEN)
     with pytest.raises(RuntimeError, match="not bound"):
         LookaheadProposer(config).load_model(None)

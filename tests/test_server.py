@@ -14,9 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from benchmarks.load_test import build_workload, evaluate, load_server, reference_outputs
 from conftest import make_prompts
 from openai import OpenAI
+
+from benchmarks.load_test import (
+    build_workload,
+    evaluate,
+    load_server,
+    reference_outputs,
+)
 
 SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
                "--kv-cache-memory-bytes", str(64 * 2**20), "--seed", "0"]
@@ -58,7 +64,7 @@ class Server:
 
     def metric(self, name: str) -> float:
         text = requests.get(f"{self.url}/metrics", timeout=10).text
-        values = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+        values = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE)
         return sum(map(float, values))
 
     def stop(self) -> None:

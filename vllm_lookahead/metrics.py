@@ -23,8 +23,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ class SnapshotWriter:
 
     def __init__(self, vllm_config: Any, rank: int):
         directory = snapshot_dir(vllm_config)
-        dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+        # the proposer also runs outside vLLM (benchmarks/replay.py): no ranks there
+        parallel = getattr(vllm_config, "parallel_config", None)
+        dp_rank = getattr(parallel, "data_parallel_rank", 0) or 0
         self.path = None if directory is None else directory / f"{dp_rank}-{rank}.json"
         self.dp_rank = dp_rank
         self.rank = rank

@@ -128,8 +128,8 @@ class ResponseCorpus:
 
 
 def _hash_table_size(capacity: int) -> int:
-    """A power of two near the capacity: chains of about one bigram each."""
-    return 1 << max(4, int(capacity).bit_length())
+    """The smallest power of two >= capacity: chains of about one bigram each."""
+    return 1 << max(4, (int(capacity) - 1).bit_length())
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
