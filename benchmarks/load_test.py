@@ -35,6 +35,7 @@ from pathlib import Path
 
 from benchmarks import machine
 from benchmarks.cpu_env import configure_cpu_env
+from benchmarks.metrics import first_divergence
 from benchmarks.records import PROMETHEUS_SAMPLE
 from benchmarks.server import ApiServer
 
@@ -281,7 +282,7 @@ def evaluate(specs: list[RequestSpec], outcomes: dict[int, Outcome],
         "statuses": statuses,
         "compared": len(compared),
         "mismatched_requests": mismatches,
-        "first_divergence": {s.index: _first_difference(outcomes[s.index].tokens,
+        "first_divergence": {s.index: first_divergence(outcomes[s.index].tokens,
                                                         reference[s.index])
                              for s in compared if s.index in mismatches},
         "unexpected": unexpected[:20],
@@ -298,10 +299,6 @@ def _as_expected(spec: RequestSpec, outcome: Outcome) -> bool:
         # a short stream may end before the client drops it
         return outcome.status in ("disconnected", "completed")
     return outcome.status == "completed"
-
-
-def _first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 async def reference_outputs(base_url: str, model: str, specs: list[RequestSpec],

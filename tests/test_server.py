@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from benchmarks.load_test import (
     build_workload,
     evaluate,
     load_server,
+    prometheus_value,
     reference_outputs,
 )
 
@@ -64,8 +64,7 @@ class Server:
 
     def metric(self, name: str) -> float:
         text = requests.get(f"{self.url}/metrics", timeout=10).text
-        values = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE)
-        return sum(map(float, values))
+        return prometheus_value(text, name) or 0.0
 
     def stop(self) -> None:
         self.process.terminate()
