@@ -139,3 +139,47 @@ def plain_llama_runs(llama_path):
 @pytest.fixture(scope="session")
 def llama_reference(plain_llama_runs):
     return plain_llama_runs["batch"]
+
+
+#: Distribution tests: samples per engine, significance per position tested (three).
+SAMPLES = 1500
+SIGNIFICANCE = 0.001
+
+
+def sample_tokens(llm, prompt):
+    """SAMPLES 4-token samples (T=0.7, top-p 0.95) after ``prompt``, one row each."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    # No per-request seeds: vLLM's CPU runner crashes when a seeded request's prefill is
+    # chunked ("CPU Generator does not use offset"); the engine seed keeps runs repeatable.
+    params = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=4, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": prompt}] * SAMPLES, params, use_tqdm=False)
+    return np.array([o.outputs[0].token_ids for o in outputs])
+
+
+def same_distribution_pvalue(a, b) -> float:
+    """Chi-square homogeneity test; tokens rarer than 10 in both samples are pooled."""
+    import numpy as np
+    from scipy.stats import chi2_contingency
+
+    tokens, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    common = tokens[counts >= 10]
+    table = [[np.sum(x == t) for t in common] + [np.sum(~np.isin(x, common))] for x in (a, b)]
+    table = np.array(table)
+    table = table[:, table.sum(axis=0) > 0]
+    return chi2_contingency(table).pvalue
+
+
+@pytest.fixture(scope="session")
+def plain_samples(llama_path):
+    """(prompt, plain decoding's samples after it): the reference distribution."""
+    from vllm import LLM
+
+    plain = LLM(llama_path, **ENGINE_KWARGS)
+    # the model's own greedy loop as context: drafts are likely samples, not noise
+    base = make_prompts()[0]
+    prompt = base + generate(plain, [base], greedy())[0]
+    reference = sample_tokens(plain, prompt)
+    shutdown(plain)
+    return prompt, reference

@@ -10,19 +10,19 @@ import torch
 from conftest import (
     ENGINE_KWARGS,
     LOOKAHEAD,
+    SAMPLES,
+    SIGNIFICANCE,
     generate,
     greedy,
     make_prompts,
     metrics,
+    same_distribution_pvalue,
+    sample_tokens,
     shutdown,
 )
-from scipy.stats import chi2_contingency
 from vllm import LLM, SamplingParams
 
 from vllm_lookahead.worker import expand_batch_to_tokens
-
-SAMPLES = 1500
-SIGNIFICANCE = 0.001  # per position tested; three positions
 
 
 @pytest.fixture(scope="module")
@@ -73,32 +73,9 @@ def test_drafts_equal_to_the_targets_sample_are_accepted(lookahead_llm):
     assert sampled_mal >= 0.9 * greedy_mal
 
 
-def sample_tokens(llm, prompt):
-    # No per-request seeds: vLLM's CPU runner crashes when a seeded request's prefill is
-    # chunked ("CPU Generator does not use offset"); the engine seed keeps runs repeatable.
-    params = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=4, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": prompt}] * SAMPLES, params, use_tqdm=False)
-    return np.array([o.outputs[0].token_ids for o in outputs])
-
-
-def same_distribution_pvalue(a: np.ndarray, b: np.ndarray) -> float:
-    """Chi-square homogeneity test; tokens rarer than 10 in both samples are pooled."""
-    tokens, counts = np.unique(np.concatenate([a, b]), return_counts=True)
-    common = tokens[counts >= 10]
-    table = [[np.sum(x == t) for t in common] + [np.sum(~np.isin(x, common))] for x in (a, b)]
-    table = np.array(table)
-    table = table[:, table.sum(axis=0) > 0]
-    return chi2_contingency(table).pvalue
-
-
 @pytest.fixture(scope="module")
-def samples(llama_path, lookahead_llm):
-    plain = LLM(llama_path, **ENGINE_KWARGS)
-    # the model's own greedy loop as context: drafts are likely samples, not noise
-    base = make_prompts()[0]
-    prompt = base + generate(plain, [base], greedy())[0]
-    reference = sample_tokens(plain, prompt)
-    shutdown(plain)
+def samples(plain_samples, lookahead_llm):
+    prompt, reference = plain_samples
     speculated, mal = acceptance(lookahead_llm, lambda: sample_tokens(lookahead_llm, prompt))
     assert mal > 1.5  # the positions below really went through draft verification
     return reference, speculated

@@ -19,13 +19,51 @@ MAX_SPEC_TOKENS = 128  # vLLM's rejection sampler asserts max_spec_len <= 128
 DEFAULT_SPEC_TOKENS = 24
 
 
-def _option(default: Any, low: int | None, doc: str):
-    return field(default=default, metadata={"low": low, "doc": doc})
+def _option(default: Any, low: float | None, doc: str, high: float | None = None,
+            choices: tuple[str, ...] = (), low_open: bool = False):
+    """A validated option: ints >= ``low``; floats in [``low``, ``high``] (default [0, 1],
+    ``low`` excluded if ``low_open``); strings among ``choices``."""
+    return field(default=default, metadata={"low": low, "high": high, "choices": choices,
+                                            "low_open": low_open, "doc": doc})
+
+
+class MethodOptions:
+    """Shared parsing for one method's options dataclass (``METHOD`` names it in errors)."""
+
+    METHOD = ""
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None):
+        """Build validated options; errors name the option and what it accepts."""
+        values = dict(values or {})
+        unknown = sorted(set(values) - set(cls.names()))
+        if unknown:
+            raise ValueError(
+                f"{cls.METHOD}: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"accepted options: {', '.join(cls.names())} "
+                f"(plus num_speculative_tokens)"
+            )
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                values[f.name] = _check_value(f, values[f.name], f"{cls.METHOD}: {f.name}")
+            elif f.default is dataclasses.MISSING:
+                raise ValueError(f"{cls.METHOD}: option {f.name!r} is required "
+                                 f"({f.metadata['doc']})")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
-class LookaheadOptions:
+class LookaheadOptions(MethodOptions):
     """Options of ``{"method": "lookahead"}``; every field is a ``speculative_config`` key."""
+
+    METHOD = "lookahead"
 
     ngram_size: int = _option(
         4, 2, "N: n-gram length in the pool (a key token plus N-1 continuation tokens)."
@@ -73,24 +111,8 @@ class LookaheadOptions:
     )
 
     @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "LookaheadOptions":
-        """Build validated options; errors name the option and what it accepts."""
-        values = dict(values or {})
-        unknown = sorted(set(values) - set(cls.names()))
-        if unknown:
-            raise ValueError(
-                f"lookahead: unknown option(s) {', '.join(map(repr, unknown))}; "
-                f"accepted options: {', '.join(cls.names())} "
-                f"(plus num_speculative_tokens)"
-            )
-        for f in dataclasses.fields(cls):
-            if f.name in values:
-                values[f.name] = _check_value(f, values[f.name])
-        options = cls(**values)
+        options = super().from_dict(values)
         if options.suffix_match_min > options.suffix_match_max:
             raise ValueError(
                 "lookahead: suffix_match_min must be <= suffix_match_max "
@@ -98,30 +120,65 @@ class LookaheadOptions:
             )
         return options
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def _check_value(f: dataclasses.Field, value: Any, label: str | None = None) -> Any:
     """The value, checked against ``f``'s type and range; errors start with ``label``
     (default ``lookahead: <option>``)."""
     label = label or f"lookahead: {f.name}"
     low = f.metadata["low"]
+    if f.metadata["choices"]:
+        if value not in f.metadata["choices"]:
+            accepted = " or ".join(map(repr, f.metadata["choices"]))
+            raise ValueError(f"{label} must be {accepted} (got {value!r})")
+        return value
+    if f.type in ("str", str):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{label} must be a non-empty string (got {value!r})")
+        return value
     if isinstance(f.default, bool):
         if not isinstance(value, bool):
             raise ValueError(f"{label} must be true or false (got {value!r})")
         return value
     if isinstance(f.default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0.0 <= value <= 1.0
+            _float_low_ok(f, value) and value <= _float_range(f)[1]
         ):
-            raise ValueError(f"{label} must be a number in [0, 1] (got {value!r})")
+            raise ValueError(f"{label} must be a number in {_float_range_text(f)} "
+                             f"(got {value!r})")
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{label} must be an integer >= {low} (got {value!r})")
     if value < low:
         raise ValueError(f"{label} must be an integer >= {low} (got {value})")
     return value
+
+
+def _float_range(f: dataclasses.Field) -> tuple[float, float]:
+    low, high = f.metadata["low"], f.metadata["high"]
+    return (0.0 if low is None else low, 1.0 if high is None else high)
+
+
+def _float_low_ok(f: dataclasses.Field, value: float) -> bool:
+    low = _float_range(f)[0]
+    return value > low if f.metadata["low_open"] else value >= low
+
+
+def _float_range_text(f: dataclasses.Field) -> str:
+    low, high = _float_range(f)
+    return f"{'(' if f.metadata['low_open'] else '['}{low:g}, {high:g}]"
+
+
+def accepted_text(f: dataclasses.Field) -> str:
+    """What ``_check_value`` accepts for ``f``, for documentation tables."""
+    if f.metadata["choices"]:
+        return " / ".join(f"`{c}`" for c in f.metadata["choices"])
+    if f.type in ("str", str):
+        return "path or model name"
+    if isinstance(f.default, bool):
+        return "true / false"
+    if isinstance(f.default, float):
+        return f"number in {_float_range_text(f)}"
+    return f"integer >= {f.metadata['low']}"
 
 
 #: Per-request overrides: keys of ``SamplingParams.extra_args`` (``vllm_xargs`` in the
@@ -160,12 +217,12 @@ def request_overrides(extra_args: dict[str, Any] | None, server_k: int) -> dict[
     return overrides
 
 
-def check_num_speculative_tokens(value: Any) -> int:
+def check_num_speculative_tokens(value: Any, method: str = "lookahead") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not (
         MIN_SPEC_TOKENS <= value <= MAX_SPEC_TOKENS
     ):
         raise ValueError(
-            "lookahead: num_speculative_tokens must be an integer in "
+            f"{method}: num_speculative_tokens must be an integer in "
             f"[{MIN_SPEC_TOKENS}, {MAX_SPEC_TOKENS}] (got {value!r})"
         )
     return value
@@ -179,13 +236,17 @@ def options_table() -> str:
         f"[{MIN_SPEC_TOKENS}, {MAX_SPEC_TOKENS}] | Most draft tokens verified per step (the cap "
         "of the adaptive draft length). |"
     )
-    for f in dataclasses.fields(LookaheadOptions):
-        if isinstance(f.default, bool):
-            accepted = "true / false"
-        elif isinstance(f.default, float):
-            accepted = "number in [0, 1]"
-        else:
-            accepted = f"integer >= {f.metadata['low']}"
-        default = str(f.default).lower() if isinstance(f.default, bool) else f.default
-        rows.append(f"| `{f.name}` | {default} | {accepted} | {f.metadata['doc']} |")
+    rows.extend(option_rows(LookaheadOptions))
     return "\n".join(rows)
+
+
+def option_rows(options_cls: type) -> list[str]:
+    """One Markdown table row per option of ``options_cls``."""
+    rows = []
+    for f in dataclasses.fields(options_cls):
+        if f.default is dataclasses.MISSING:
+            default = "required"
+        else:
+            default = str(f.default).lower() if isinstance(f.default, bool) else f.default
+        rows.append(f"| `{f.name}` | {default} | {accepted_text(f)} | {f.metadata['doc']} |")
+    return rows

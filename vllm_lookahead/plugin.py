@@ -1,4 +1,4 @@
-"""Registration of the ``lookahead`` speculative method with vLLM.
+"""Registration of the ``lookahead`` and ``mtad`` speculative methods with vLLM.
 
 vLLM has no registry for speculative methods, but it has a generic hook, the
 ``custom_class`` proposer. This module maps our method names onto it, carrying our
@@ -10,7 +10,7 @@ Touch points in the configuration layer (the worker-side ones are in ``worker.py
 
 | vLLM attribute | patch | why | verified on |
 |---|---|---|---|
-| ``EngineArgs.create_speculative_config`` | wrapped | rewrites ``lookahead`` to ``custom_class`` + options | 0.32.0 (CPU) |
+| ``EngineArgs.create_speculative_config`` | wrapped | rewrites ``lookahead`` / ``mtad`` to ``custom_class`` + options; checks the auxiliary model's vocabulary against the target's | 0.32.0 (CPU) |
 | ``EngineArgs.add_cli_args`` | wrapped | ``--speculative-config lookahead`` (bare word), ``--spec-method lookahead``, validation as argparse errors | 0.32.0 (CPU) |
 | ``EngineArgs.__init__``, ``AsyncEngineArgs.__init__`` | wrapped | legacy ``speculative_model=`` / ``num_speculative_tokens=`` keywords | 0.32.0 (CPU) |
 | ``vllm.v1.engine.input_processor.InputProcessor._validate_params`` | wrapped | checks per-request overrides (``extra_args``) at admission: a bad value is the client's error (HTTP 400), never the engine's | 0.32.0 (CPU) |
@@ -26,6 +26,9 @@ import logging
 from typing import Any
 
 from vllm_lookahead import _patching, metrics
+from vllm_lookahead.mtad.drafter import auxiliary_vocab_size
+from vllm_lookahead.mtad.options import DEFAULT_SPEC_TOKENS as MTAD_DEFAULT_SPEC_TOKENS
+from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
     DEFAULT_SPEC_TOKENS,
@@ -38,7 +41,11 @@ from vllm_lookahead.options import (
 logger = logging.getLogger(__name__)
 
 #: Our method names and the proposer class vLLM's ``custom_class`` path loads.
-METHODS = {"lookahead": "vllm_lookahead.proposer.LookaheadProposer"}
+METHODS = {"lookahead": "vllm_lookahead.proposer.LookaheadProposer",
+           "mtad": "vllm_lookahead.mtad.proposer.MTADProposer"}
+#: Each method's options and default ``num_speculative_tokens``.
+OPTIONS = {"lookahead": (LookaheadOptions, DEFAULT_SPEC_TOKENS),
+           "mtad": (MTADOptions, MTAD_DEFAULT_SPEC_TOKENS)}
 #: ``speculative_config["model"]`` spellings that select a method without ``method``.
 MODEL_ALIASES = {"lookahead": "lookahead", "[lookahead]": "lookahead"}
 #: ``SpeculativeConfig`` fields that mean something for a draft-free method.
@@ -86,7 +93,7 @@ def selected_method(spec: dict[str, Any]) -> str | None:
     """Our method that ``spec`` asks for, or None if it asks for a vLLM method."""
     method, model = spec.get("method"), spec.get("model")
     if method in METHODS:
-        if model is not None and MODEL_ALIASES.get(model) != method:
+        if method == "lookahead" and model is not None and MODEL_ALIASES.get(model) != method:
             raise ValueError(
                 f"speculative_config: method {method!r} has no draft model; "
                 f"leave 'model' unset (got model={model!r})"
@@ -117,16 +124,22 @@ def rewrite_speculative_config(
             f"vLLM {_vllm_version()} lacks: {', '.join(missing)}"
         )
     spec_fields = _speculative_config_fields()
+    options_cls, default_tokens = OPTIONS[method]
     rejected = sorted(k for k in spec if k in spec_fields and k not in SPEC_FIELDS_ACCEPTED)
     if rejected:
         raise ValueError(
             f"speculative_config: {', '.join(rejected)} cannot be used with method "
             f"{method!r}; accepted: num_speculative_tokens and the options "
-            f"{', '.join(LookaheadOptions.names())}"
+            f"{', '.join(options_cls.names())}"
         )
-    options = LookaheadOptions.from_dict({k: v for k, v in spec.items() if k not in spec_fields})
+    values = {k: v for k, v in spec.items() if k not in spec_fields}
+    if method == "mtad" and spec.get("model") is not None:
+        values["model"] = spec["model"]  # the auxiliary model: ours to load, not vLLM's
+    options = options_cls.from_dict(values)
+    if method == "mtad":
+        auxiliary_vocab_size(options.model)  # a missing model fails here, at startup
     num_tokens = check_num_speculative_tokens(
-        spec.get("num_speculative_tokens", DEFAULT_SPEC_TOKENS)
+        spec.get("num_speculative_tokens", default_tokens), method
     )
     additional_config[ADDITIONAL_CONFIG_KEY] = {"method": method, **options.to_dict()}
     rewritten = {
@@ -135,6 +148,21 @@ def rewrite_speculative_config(
         "num_speculative_tokens": num_tokens,
     }
     return rewritten, additional_config
+
+
+def check_auxiliary_vocab(additional_config: dict[str, Any], target_model_config: Any) -> None:
+    """MTAD's auxiliary model must share the target's vocabulary (token ids are shared)."""
+    options = (additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {})
+    if options.get("method") != "mtad":
+        return
+    aux_vocab = auxiliary_vocab_size(options["model"])
+    target_vocab = target_model_config.get_vocab_size()
+    if aux_vocab != target_vocab:
+        raise ValueError(
+            f"mtad: the auxiliary model {options['model']!r} has a vocabulary of "
+            f"{aux_vocab} tokens, the target {target_model_config.model!r} one of "
+            f"{target_vocab}; the two models must share a tokenizer and vocabulary"
+        )
 
 
 def _speculative_config_fields() -> set[str]:
@@ -174,6 +202,9 @@ def _patch_create_speculative_config(engine_args_cls: type) -> None:
                 self.speculative_config, self.additional_config = rewrite_speculative_config(
                     spec, self.additional_config
                 )
+                target = args[0] if args else kwargs.get("target_model_config")
+                if target is not None:
+                    check_auxiliary_vocab(self.additional_config, target)
             return original(self, *args, **kwargs)
 
         return create_speculative_config
@@ -285,7 +316,8 @@ def check_request_options(extra_args: dict[str, Any], vllm_config: Any) -> None:
         from vllm.exceptions import VLLMValidationError as ClientError
     except ImportError:
         ClientError = ValueError
-    if ADDITIONAL_CONFIG_KEY not in (vllm_config.additional_config or {}):
+    options = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {})
+    if options.get("method") != "lookahead":
         keys = sorted(k for k in extra_args if k.startswith(REQUEST_KEY_PREFIX))
         raise ClientError(f"{', '.join(keys)}: this server does not run speculative "
                           "method 'lookahead'")

@@ -10,7 +10,8 @@ once per process; the runner and sampler patches only in worker processes.
 | ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0 (CPU, mp executor, TP 1 and 2) |
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | wrapped | hands the runner to a drafter with ``bind_model_runner`` (request ids per batch row) and registers it as verification observer | 0.32.0 (CPU) |
 | ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once | 0.32.0 (CPU) |
-| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests) | 0.32.0 (CPU) |
+| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p | 0.32.0 (CPU) |
+| ``vllm.distributed.get_tp_group().broadcast_object`` | called | MTAD drafts on the first tensor-parallel rank only and broadcasts them | 0.32.0 (CPU, TP 2) |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0 (CPU) |
 """
 
@@ -44,8 +45,19 @@ class VerificationObserver(Protocol):
     def on_verification(self, capture: VerificationCapture) -> None: ...
 
 
-# One model runner per worker process, hence one observer.
+class AcceptanceRule(Protocol):
+    """Replaces vLLM's decisions: output tokens ``[rows, max_spec_len + 1]``, or None
+    to leave this pass to vLLM (e.g. its warm-up runs)."""
+
+    def __call__(self, draft_token_ids: torch.Tensor, num_draft_tokens: list[int],
+                 max_spec_len: int, target_logits: torch.Tensor,
+                 bonus_token_ids: torch.Tensor, sampling_metadata: Any
+                 ) -> torch.Tensor | None: ...
+
+
+# One model runner per worker process, hence one observer and one acceptance rule.
 _observer: VerificationObserver | None = None
+_acceptance_rule: AcceptanceRule | None = None
 
 
 def install() -> None:
@@ -67,7 +79,7 @@ def _install_worker_patches() -> None:
     from vllm.v1.worker import gpu_model_runner
 
     _patching.wrap(gpu_model_runner.GPUModelRunner, "__init__", _binding_init)
-    _patching.wrap(rejection_sampler, "rejection_sample", _capturing_rejection_sample)
+    _patching.wrap(rejection_sampler, "rejection_sample", _hooked_rejection_sample)
     if _cpu_expand_is_broken():
         _patching.replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
         logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
@@ -81,9 +93,11 @@ def _binding_init(original):
             drafter.bind_model_runner(self)
         if hasattr(drafter, "on_requests_removed") and hasattr(self, "_update_states"):
             _notify_removed_requests(self, drafter)
+        global _observer, _acceptance_rule
         if hasattr(drafter, "on_verification"):
-            global _observer
             _observer = drafter
+        if getattr(drafter, "acceptance_rule", None) is not None:
+            _acceptance_rule = drafter.acceptance_rule
 
     return __init__
 
@@ -102,7 +116,7 @@ def _notify_removed_requests(runner: Any, drafter: Any) -> None:
     runner._update_states = _update_states
 
 
-def _capturing_rejection_sample(original):
+def _hooked_rejection_sample(original):
     def rejection_sample(
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
         draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
@@ -116,6 +130,12 @@ def _capturing_rejection_sample(original):
                     bonus_token_ids=bonus_token_ids.view(-1),
                 )
             )
+        if _acceptance_rule is not None:
+            sampling_metadata = args[0] if args else kwargs["sampling_metadata"]
+            output = _acceptance_rule(draft_token_ids, list(num_draft_tokens), max_spec_len,
+                                      target_logits, bonus_token_ids, sampling_metadata)
+            if output is not None:
+                return output
         return original(
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
             draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
@@ -163,7 +183,32 @@ def num_prompt_tokens(runner: Any, row: int) -> int:
     return int(runner.input_batch.num_prompt_tokens[row])
 
 
+def sampling_params(runner: Any, req_id: str) -> Any:
+    """The request's ``SamplingParams`` (None for pooling requests)."""
+    return getattr(runner.requests.get(req_id), "sampling_params", None)
+
+
 def extra_args(runner: Any, req_id: str) -> dict[str, Any] | None:
     """The request's ``SamplingParams.extra_args`` (None for pooling requests)."""
-    params = getattr(runner.requests.get(req_id), "sampling_params", None)
-    return getattr(params, "extra_args", None)
+    return getattr(sampling_params(runner, req_id), "extra_args", None)
+
+
+def _tp_group() -> Any:
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    return parallel_state.get_tp_group()
+
+
+def is_first_tp_rank() -> bool:
+    group = _tp_group()
+    return group is None or group.rank_in_group == 0
+
+
+def broadcast_from_first_tp_rank(obj: Any) -> Any:
+    """``obj`` as the first tensor-parallel rank has it (no-op without TP)."""
+    group = _tp_group()
+    if group is None or group.world_size == 1:
+        return obj
+    return group.broadcast_object(obj, src=0)

@@ -1,0 +1,300 @@
+"""MTAD: the joint acceptance rule, the auxiliary beam drafter, and the method end to end
+(tiny random Llama as target; as auxiliary the same model, or the tiny Qwen2)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    ENGINE_KWARGS,
+    SIGNIFICANCE,
+    generate,
+    greedy,
+    make_prompts,
+    proposer_stats,
+    same_distribution_pvalue,
+    sample_tokens,
+    shutdown,
+    stats_once_idle,
+)
+from vllm import LLM, SamplingParams
+
+from vllm_lookahead.mtad.acceptance import joint_accept
+from vllm_lookahead.mtad.drafter import AuxiliaryState, BeamDrafter, sampling_distribution
+from vllm_lookahead.plugin import rewrite_speculative_config
+
+SAMPLED = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
+
+
+def mtad(model, **options):
+    return {"method": "mtad", "model": model, "num_speculative_tokens": 4, **options}
+
+
+# -- the acceptance rule against the formula -------------------------------------------
+
+
+def reference_accepted(target_probs, draft, draft_logq, threshold):
+    """Longest d with sum_{t<=d} log p(x_t) - log q(x_t) > log threshold (0 if none)."""
+    accepted, total = 0, 0.0
+    for depth, token in enumerate(draft):
+        p = target_probs[depth][token]
+        total += (math.log(p) if p > 0 else -math.inf) - draft_logq[depth]
+        if total > math.log(threshold):
+            accepted = depth + 1
+    return accepted
+
+
+def run_rule(rows, threshold=0.5, greedy_rows=None, bonus=None):
+    """rows: (target probability rows [n, V], draft [n], draft log q [n]) per request."""
+    probs = torch.tensor([p for r in rows for p in r[0]], dtype=torch.float64)
+    logits = probs.clamp_min(1e-30).log().float()
+    drafts = torch.tensor([t for r in rows for t in r[1]])
+    logq = torch.tensor([v for r in rows for v in r[2]])
+    counts = [len(r[1]) for r in rows]
+    bonus = torch.tensor(bonus or [99] * len(rows))
+    return joint_accept(drafts, counts, max(counts), logits, bonus, logq,
+                        greedy_rows or [False] * len(rows), threshold).tolist()
+
+
+P = [0.1, 0.2, 0.3, 0.4]
+
+
+def test_a_failing_prefix_does_not_stop_a_longer_passing_one():
+    # ratios: log(0.1/0.4) = -1.39 (fails log 0.5), then +log(0.4/0.1): total 0 (passes)
+    rows = [([P, P, [0, 0, 0, 1.0]], [0, 3, 1], [math.log(0.4), math.log(0.1), 0.0])]
+    # depth 3: p = 0 for token 1: fails; the token after depth 2 is sampled from p: 3
+    assert reference_accepted(rows[0][0], rows[0][1], rows[0][2], 0.5) == 2
+    assert run_rule(rows) == [[0, 3, 3, -1]]
+
+
+def test_all_fail_gives_one_token_sampled_from_the_target():
+    rows = [([[0, 0, 1.0, 0], P], [0, 1], [math.log(0.9), math.log(0.9)])]
+    assert run_rule(rows) == [[2, -1, -1]]
+
+
+def test_all_pass_keeps_the_bonus_token():
+    rows = [([P, P, P], [3, 3, 2], [math.log(0.4), math.log(0.4), math.log(0.3)])]
+    assert run_rule(rows, bonus=[7]) == [[3, 3, 2, 7]]
+
+
+def test_greedy_rows_accept_the_longest_argmax_prefix_only():
+    # the joint ratio would pass (q tiny), but the second token is not the argmax
+    rows = [([P, P, P], [3, 0, 3], [-9.0, -9.0, -9.0]),
+            ([P, P], [3, 1], [math.log(0.4), math.log(0.2)])]
+    assert run_rule(rows, greedy_rows=[True, False]) == [[3, 3, -1, -1], [3, 1, 99, -1]]
+
+
+def test_random_cases_match_the_formula():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 6))
+        probs = rng.dirichlet(np.full(6, 0.5), size=n).tolist()
+        draft = rng.integers(0, 6, size=n).tolist()
+        logq = np.log(rng.uniform(0.05, 1.0, size=n)).tolist()
+        threshold = float(rng.uniform(0.1, 1.0))
+        expected = reference_accepted(probs, draft, logq, threshold)
+        output = run_rule([(probs, draft, logq)], threshold=threshold)[0]
+        assert output[:expected] == draft[:expected]
+        assert output[expected] != -1 and all(t == -1 for t in output[expected + 1:])
+        if expected < n:  # the extra token is one the target can sample there
+            assert probs[expected][output[expected]] > 0
+
+
+# -- the auxiliary drafter ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def aux_model(llama_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(llama_path, dtype=torch.float32).eval()
+
+
+def test_sampling_distribution_applies_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert sampling_distribution(logits, 1.0, 2, 1.0)[0].tolist() == pytest.approx(
+        [0.625, 0.375, 0, 0])
+    assert sampling_distribution(logits, 1.0, 0, 0.8)[0].tolist() == pytest.approx(
+        [0.625, 0.375, 0, 0])  # 0.5 + 0.3 covers 0.8: the rest is cut
+    assert sampling_distribution(logits, 1.0, 0, 1.0)[0].tolist() == pytest.approx(
+        [0.5, 0.3, 0.15, 0.05])
+
+
+def test_drafts_continue_from_the_committed_cache(aux_model):
+    """Drafting extends a request's cache and cuts the beams off again: a draft made
+    after earlier drafts (and a partial acceptance) equals one from a fresh cache."""
+    drafter = BeamDrafter(aux_model, beam_width=4, temperature=1.0, top_k=0, top_p=1.0,
+                          seed=0)
+    context = np.array(make_prompts()[3][:40])
+    state = AuxiliaryState()
+    first, _ = drafter.draft(state, context[:30], 4, argmax=True)
+    assert state.cache.get_seq_length() == state.length == 30
+    context = np.concatenate([context[:30], first[:2], [7]])  # two accepted, one sampled
+    again, logq = drafter.draft(state, context, 5, argmax=True)
+    fresh, fresh_logq = drafter.draft(AuxiliaryState(), context, 5, argmax=True)
+    assert again == fresh and len(again) == 5
+    assert logq == pytest.approx(fresh_logq, abs=1e-4)
+    # log q of each draft token, read off one plain forward pass over context + draft
+    full = torch.tensor(np.concatenate([context, again]))[None]
+    logits = aux_model(input_ids=full).logits[0, len(context) - 1:-1]
+    expected = torch.log_softmax(logits, -1)[torch.arange(5), torch.tensor(again)]
+    assert logq == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_sampled_beams_keep_the_best_of_several(aux_model):
+    drafter = BeamDrafter(aux_model, beam_width=4, temperature=1.0, top_k=0, top_p=1.0,
+                          seed=0)
+    context = np.array(make_prompts()[1][:50])
+    drafts = {tuple(drafter.draft(AuxiliaryState(), context, 4, argmax=False)[0])
+              for _ in range(20)}
+    assert len(drafts) > 1  # sampled, not the argmax chain
+    assert all(len(d) == 4 for d in drafts)
+
+
+# -- configuration errors at startup ------------------------------------------------------
+
+
+def test_missing_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="option 'model' is required"):
+        rewrite_speculative_config({"method": "mtad"}, None)
+    with pytest.raises(ValueError, match="mtad: model '/nonexistent/aux'"):
+        rewrite_speculative_config(mtad("/nonexistent/aux"), None)
+
+
+@pytest.mark.parametrize("option,value,accepted", [
+    ("acceptance", "greedy", "'joint' or 'lossless'"),
+    ("acceptance_threshold", 0, r"\(0, 1\]"),
+    ("beam_width", 0, ">= 1"),
+    ("draft_top_p", 1.5, r"\(0, 1\]"),
+])
+def test_bad_options_name_the_option_and_the_accepted_values(llama_path, option, value,
+                                                             accepted):
+    with pytest.raises(ValueError, match=f"mtad: {option} must be .*{accepted}"):
+        rewrite_speculative_config(mtad(llama_path, **{option: value}), None)
+
+
+def test_options_reach_the_workers(llama_path):
+    spec, extra = rewrite_speculative_config(mtad(llama_path, beam_width=2), None)
+    assert spec == {"method": "custom_class", "num_speculative_tokens": 4,
+                    "model": "vllm_lookahead.mtad.proposer.MTADProposer"}
+    assert extra["vllm_lookahead"]["model"] == llama_path
+    assert extra["vllm_lookahead"]["beam_width"] == 2
+
+
+def test_vocabulary_mismatch_names_both_sizes(llama_path, tmp_path):
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=1,
+                num_attention_heads=1).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="vocabulary of 1000 tokens.* one of 512"):
+        LLM(llama_path, speculative_config=mtad(str(tmp_path)), **ENGINE_KWARGS)
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def joint_llm(llama_path):
+    llm = LLM(llama_path, speculative_config=mtad(llama_path, draft_top_k=0, draft_top_p=1.0),
+              **ENGINE_KWARGS)
+    yield llm
+    shutdown(llm)
+
+
+def tokens_per_pass(llm, run):
+    before = proposer_stats(llm)[0]
+    outputs = run()
+    after = proposer_stats(llm)[0]
+    passes = after.request_passes - before.request_passes
+    return outputs, (after.generated_tokens - before.generated_tokens) / passes
+
+
+def test_auxiliary_equal_to_target_is_almost_always_accepted(joint_llm):
+    outputs, per_pass = tokens_per_pass(joint_llm, lambda: generate(
+        joint_llm, make_prompts(), SAMPLED))
+    assert all(len(o) == 64 for o in outputs)
+    assert per_pass > 4.3  # of at most K + 1 = 5; only a request's last step is short
+
+
+def test_greedy_requests_match_plain_decoding(joint_llm, llama_reference):
+    outputs, per_pass = tokens_per_pass(joint_llm, lambda: generate(
+        joint_llm, make_prompts(), greedy()))
+    assert outputs == llama_reference
+    assert per_pass > 4.3
+
+
+def test_mixed_batch_keeps_greedy_rows_exact(joint_llm, llama_reference):
+    prompts = make_prompts()
+    params = [greedy() if i % 2 == 0 else SAMPLED for i in range(len(prompts))]
+    outputs = joint_llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                 use_tqdm=False)
+    for i, output in enumerate(outputs):
+        if i % 2 == 0:
+            assert list(output.outputs[0].token_ids) == llama_reference[i]
+
+
+def test_abort_mid_generation_frees_state(joint_llm, llama_reference):
+    engine = joint_llm.llm_engine
+    for index, prompt in enumerate(make_prompts()[:3]):
+        params = greedy() if index != 1 else SAMPLED
+        engine.add_request(f"mtad-abort-{index}", {"prompt_token_ids": prompt}, params)
+    finished, aborted = {}, False
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.request_id == "mtad-abort-1" and not aborted:
+                engine.abort_request(["mtad-abort-1"])
+                aborted = True
+            elif output.finished:
+                finished[output.request_id] = list(output.outputs[0].token_ids)
+    assert finished["mtad-abort-0"] == llama_reference[0]
+    assert finished["mtad-abort-2"] == llama_reference[2]
+    assert aborted and "mtad-abort-1" not in finished
+    (stats,) = stats_once_idle(joint_llm)
+    assert stats.active_requests == 0
+
+
+def test_other_auxiliary_model_gives_partial_acceptance(llama_path, qwen2_path):
+    llm = LLM(llama_path, speculative_config=mtad(qwen2_path), **ENGINE_KWARGS)
+    outputs, per_pass = tokens_per_pass(llm, lambda: generate(llm, make_prompts(), SAMPLED))
+    shutdown(llm)
+    assert all(len(o) == 64 for o in outputs)
+    assert 1.0 <= per_pass < 4.0
+
+
+def test_lossless_mode_keeps_the_target_distribution(llama_path, plain_samples):
+    llm = LLM(llama_path, speculative_config=mtad(llama_path, acceptance="lossless"),
+              **ENGINE_KWARGS)
+    prompt, reference = plain_samples
+    speculated, per_pass = tokens_per_pass(llm, lambda: sample_tokens(llm, prompt))
+    shutdown(llm)
+    assert per_pass > 1.3  # drafts really were verified (4 tokens a request)
+    for position in (1, 2, 3):
+        assert same_distribution_pvalue(reference[:, position],
+                                        speculated[:, position]) > SIGNIFICANCE
+
+
+def test_joint_mode_shifts_the_distribution(plain_samples, joint_llm):
+    """Control for the test above: the joint rule is not lossless (it keeps the most
+    likely of 4 sampled beams), and the same test sees it."""
+    prompt, reference = plain_samples
+    speculated = sample_tokens(joint_llm, prompt)
+    pvalues = [same_distribution_pvalue(reference[:, p], speculated[:, p]) for p in (1, 2, 3)]
+    assert min(pvalues) < SIGNIFICANCE
+
+
+def test_tp2_drafts_on_the_first_rank_and_agrees(llama_path, llama_reference, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    llm = LLM(llama_path, tensor_parallel_size=2, distributed_executor_backend="mp",
+              speculative_config=mtad(llama_path, draft_top_k=0, draft_top_p=1.0),
+              **ENGINE_KWARGS)
+    greedy_outputs = generate(llm, make_prompts(), greedy())
+    sampled = generate(llm, make_prompts(), SAMPLED)
+    stats = proposer_stats(llm)
+    shutdown(llm)
+    assert greedy_outputs == llama_reference
+    assert all(len(o) == 64 for o in sampled)
+    # rank 1 verified with rank 0's log-probabilities (a mismatch raises in accept)
+    assert stats[0].draft_tokens == stats[1].draft_tokens > 0

@@ -1,0 +1,168 @@
+"""``{"method": "mtad"}``: vLLM ``custom_class`` drafter and its acceptance rule.
+
+Each step, every decoding request gets the best of ``beam_width`` beams sampled by
+the auxiliary model (``drafter.py``), with the auxiliary log-probability of each
+draft token kept by request id until vLLM verifies the draft. With
+``acceptance="joint"``, ``worker.py`` hands verification to ``accept`` (MTAD's
+joint rule, ``acceptance.py``); with ``"lossless"``, vLLM's rejection sampler
+verifies the draft as a point mass, which keeps the target's distribution exactly
+whatever the draft's distribution (picking the best beam changes it, so the
+auxiliary q could not be used as the draft distribution).
+
+Under tensor parallelism only the first rank runs the auxiliary model; drafts and
+their log-probabilities are broadcast, so every rank takes the same decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_lookahead import worker
+from vllm_lookahead.metrics import SnapshotWriter
+from vllm_lookahead.mtad.acceptance import joint_accept
+from vllm_lookahead.mtad.drafter import AuxiliaryState, BeamDrafter, load_auxiliary_model
+from vllm_lookahead.mtad.options import MTADOptions
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.proposer import ProposerStats
+
+
+class MTADProposer:
+    """vLLM ``custom_class`` drafter for ``{"method": "mtad"}``."""
+
+    def __init__(self, vllm_config: Any):
+        self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        extra = dict((vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {}))
+        extra.pop("method", None)
+        self.options = MTADOptions.from_dict(extra)
+        self._dtype = vllm_config.model_config.dtype
+        self._seed = vllm_config.model_config.seed or 0
+        self._stats = ProposerStats()
+        self._snapshots = SnapshotWriter(vllm_config, worker.worker_rank())
+        self._runner: Any = None
+        self._drafter: BeamDrafter | None = None
+        self._states: dict[str, AuxiliaryState] = {}
+        # request id -> (draft tokens, their auxiliary log-probabilities), until verified
+        self._drafts: dict[str, tuple[list[int], list[float]]] = {}
+
+    @property
+    def stats(self) -> ProposerStats:
+        return dataclasses.replace(self._stats, active_requests=len(self._drafts))
+
+    @property
+    def acceptance_rule(self):
+        """Called by ``worker.py`` in place of vLLM's ``rejection_sample`` (joint mode)."""
+        return self.accept if self.options.acceptance == "joint" else None
+
+    # -- hooks called by vLLM and worker.py ------------------------------------------
+
+    def bind_model_runner(self, runner: Any) -> None:
+        self._runner = runner
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        if self._runner is None:
+            raise RuntimeError(
+                "vllm-lookahead: the model runner was not bound to the proposer; "
+                "is the vllm_lookahead plugin installed in this Python environment?"
+            )
+        if worker.is_first_tp_rank():
+            opts = self.options
+            model = load_auxiliary_model(opts.model, self._dtype, self._runner.device)
+            self._drafter = BeamDrafter(model, opts.beam_width, opts.draft_temperature,
+                                        opts.draft_top_k, opts.draft_top_p, self._seed)
+
+    def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
+        for req_id in finished | preempted:
+            self._states.pop(req_id, None)
+            self._drafts.pop(req_id, None)
+        if self._snapshots.due() or not self._drafts:
+            self._snapshots.write(self.stats)
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        start = time.perf_counter()
+        req_ids = worker.request_ids(self._runner)
+        jobs = []  # (row, request id, context length, draft length)
+        for row, sampled in enumerate(sampled_token_ids):
+            if not sampled:  # partial prefill chunk: nothing to draft yet
+                continue
+            self._stats.generated_tokens += len(sampled)
+            self._stats.request_passes += 1
+            num_tokens = int(num_tokens_no_spec[row])
+            # never past max_model_len: the token after the draft needs a slot too
+            length = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
+            if length > 0:
+                jobs.append((row, req_ids[row], num_tokens, length))
+
+        results = None
+        if self._drafter is not None:
+            results = [self._draft(req_id, token_ids_cpu[row, :num_tokens], length)
+                       for row, req_id, num_tokens, length in jobs]
+        results = worker.broadcast_from_first_tp_rank(results)
+
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        for (row, req_id, _, _), (tokens, logq) in zip(jobs, results):
+            drafts[row] = tokens
+            self._drafts[req_id] = (tokens, logq)
+            self._stats.drafts += 1
+            self._stats.draft_tokens += len(tokens)
+        self._stats.steps += 1
+        self._stats.seconds += time.perf_counter() - start
+        if self._snapshots.due():
+            self._snapshots.write(self.stats)
+        return drafts
+
+    def _draft(self, req_id: str, context: np.ndarray, length: int):
+        state = self._states.setdefault(req_id, AuxiliaryState())
+        params = worker.sampling_params(self._runner, req_id)
+        greedy = params is None or params.temperature == 0
+        return self._drafter.draft(state, context, length, argmax=greedy)
+
+    # -- verification (joint mode) ---------------------------------------------------
+
+    def accept(
+        self,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: list[int],
+        max_spec_len: int,
+        target_logits: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        sampling_metadata: Any,
+    ) -> torch.Tensor | None:
+        """MTAD's decisions for one verification pass; None for vLLM's warm-up runs."""
+        req_ids = worker.request_ids(self._runner)
+        if len(req_ids) != len(num_draft_tokens):
+            return None
+        drafted = draft_token_ids.tolist()
+        logq: list[float] = []
+        start = 0
+        for req_id, count in zip(req_ids, num_draft_tokens):
+            tokens, values = self._drafts.get(req_id, ([], []))
+            if tokens[:count] != drafted[start:start + count]:
+                raise RuntimeError(
+                    f"vllm-lookahead mtad: request {req_id}: the verified draft is not the "
+                    "one this worker proposed (no auxiliary log-probabilities for it)"
+                )
+            logq.extend(values[:count])
+            start += count
+        if sampling_metadata.all_greedy:
+            is_greedy = [True] * len(req_ids)
+        elif sampling_metadata.all_random:
+            is_greedy = [False] * len(req_ids)
+        else:
+            is_greedy = (sampling_metadata.temperature == 0).tolist()
+        return joint_accept(
+            draft_token_ids, num_draft_tokens, max_spec_len, target_logits,
+            bonus_token_ids, torch.tensor(logq, dtype=torch.float32), is_greedy,
+            self.options.acceptance_threshold, sampling_metadata.generators,
+        )
