@@ -170,3 +170,6 @@ def test_readme_documents_every_option():
     assert options_table() in readme
     for name in LookaheadOptions.names():
         assert f"`{name}`" in readme
+    from vllm_lookahead.mtad.options import mtad_options_table
+
+    assert mtad_options_table() in readme

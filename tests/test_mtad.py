@@ -23,7 +23,12 @@ from conftest import (
 from vllm import LLM, SamplingParams
 
 from vllm_lookahead.mtad.acceptance import joint_accept
-from vllm_lookahead.mtad.drafter import AuxiliaryState, BeamDrafter, sampling_distribution
+from vllm_lookahead.mtad.drafter import (
+    AuxiliaryState,
+    BeamDrafter,
+    DraftJob,
+    sampling_distribution,
+)
 from vllm_lookahead.plugin import rewrite_speculative_config
 
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
@@ -121,6 +126,11 @@ def test_sampling_distribution_applies_top_k_and_top_p():
         [0.625, 0.375, 0, 0])  # 0.5 + 0.3 covers 0.8: the rest is cut
     assert sampling_distribution(logits, 1.0, 0, 1.0)[0].tolist() == pytest.approx(
         [0.5, 0.3, 0.15, 0.05])
+    assert sampling_distribution(logits, 1.0, 3, 0.8)[0].tolist() == pytest.approx(
+        [0.625, 0.375, 0, 0])  # both: top-p among the top 3
+    assert sampling_distribution(logits, 2.0, 0, 1.0)[0].tolist() == pytest.approx(
+        (torch.tensor([0.5, 0.3, 0.15, 0.05]).sqrt() / torch.tensor(
+            [0.5, 0.3, 0.15, 0.05]).sqrt().sum()).tolist())
 
 
 def test_drafts_continue_from_the_committed_cache(aux_model):
@@ -130,28 +140,54 @@ def test_drafts_continue_from_the_committed_cache(aux_model):
                           seed=0)
     context = np.array(make_prompts()[3][:40])
     state = AuxiliaryState()
-    first, _ = drafter.draft(state, context[:30], 4, argmax=True)
+    ((first, _),) = drafter.draft([DraftJob(state, context[:30], 4, argmax=True)])
     assert state.cache.get_seq_length() == state.length == 30
     context = np.concatenate([context[:30], first[:2], [7]])  # two accepted, one sampled
-    again, logq = drafter.draft(state, context, 5, argmax=True)
-    fresh, fresh_logq = drafter.draft(AuxiliaryState(), context, 5, argmax=True)
+    ((again, logq),) = drafter.draft([DraftJob(state, context, 5, argmax=True)])
+    ((fresh, fresh_logq),) = drafter.draft([DraftJob(AuxiliaryState(), context, 5, True)])
     assert again == fresh and len(again) == 5
     assert logq == pytest.approx(fresh_logq, abs=1e-4)
-    # log q of each draft token, read off one plain forward pass over context + draft
-    full = torch.tensor(np.concatenate([context, again]))[None]
-    logits = aux_model(input_ids=full).logits[0, len(context) - 1:-1]
-    expected = torch.log_softmax(logits, -1)[torch.arange(5), torch.tensor(again)]
-    assert logq == pytest.approx(expected.tolist(), abs=1e-4)
+    assert logq == pytest.approx(plain_logq(aux_model, context, again), abs=1e-4)
+
+
+def plain_logq(model, context, draft):
+    """log q of each draft token, read off one plain forward pass over context + draft."""
+    full = torch.tensor(np.concatenate([context, draft]))[None]
+    logits = model(input_ids=full).logits[0, len(context) - 1:-1]
+    return torch.log_softmax(logits, -1)[torch.arange(len(draft)), torch.tensor(draft)].tolist()
 
 
 def test_sampled_beams_keep_the_best_of_several(aux_model):
     drafter = BeamDrafter(aux_model, beam_width=4, temperature=1.0, top_k=0, top_p=1.0,
                           seed=0)
     context = np.array(make_prompts()[1][:50])
-    drafts = {tuple(drafter.draft(AuxiliaryState(), context, 4, argmax=False)[0])
+    drafts = {tuple(drafter.draft([DraftJob(AuxiliaryState(), context, 4, False)])[0][0])
               for _ in range(20)}
     assert len(drafts) > 1  # sampled, not the argmax chain
     assert all(len(d) == 4 for d in drafts)
+
+
+def test_a_batch_of_requests_drafts_as_each_alone(aux_model):
+    """Beam steps of several requests share one left-padded batch: contexts of other
+    lengths, other draft lengths and beam counts must not change a request's draft."""
+    drafter = BeamDrafter(aux_model, beam_width=3, temperature=1.0, top_k=0, top_p=1.0,
+                          seed=0)
+    prompts = make_prompts()
+    specs = [(prompts[1][:50], 4), (prompts[3][:12], 2), (prompts[5][:90], 5),
+             (prompts[7][:30], 1)]
+    alone = [drafter.draft([DraftJob(AuxiliaryState(), np.array(p), n, True)])[0]
+             for p, n in specs]
+    together = drafter.draft([DraftJob(AuxiliaryState(), np.array(p), n, True)
+                              for p, n in specs])
+    for (tokens, logq), (batched_tokens, batched_logq) in zip(alone, together):
+        assert batched_tokens == tokens
+        assert batched_logq == pytest.approx(logq, abs=1e-4)
+    # sampled: 3 beams per request, reordered by parent at every step
+    sampled = drafter.draft([DraftJob(AuxiliaryState(), np.array(p), n, False)
+                             for p, n in specs])
+    for (prompt, n), (tokens, logq) in zip(specs, sampled):
+        assert len(tokens) == n
+        assert logq == pytest.approx(plain_logq(aux_model, np.array(prompt), tokens), abs=1e-4)
 
 
 # -- configuration errors at startup ------------------------------------------------------

@@ -228,15 +228,16 @@ def check_num_speculative_tokens(value: Any, method: str = "lookahead") -> int:
     return value
 
 
-def options_table() -> str:
-    """Markdown table of the options, for the README (kept in sync by a test)."""
+def options_table(options_cls: type | None = None, default_k: int = DEFAULT_SPEC_TOKENS,
+                  k_meaning: str = "Most draft tokens verified per step (the cap of the "
+                  "adaptive draft length).") -> str:
+    """Markdown table of a method's options, for the README (kept in sync by a test)."""
     rows = ["| option | default | accepted | meaning |", "|---|---|---|---|"]
     rows.append(
-        f"| `num_speculative_tokens` (K) | {DEFAULT_SPEC_TOKENS} | integer in "
-        f"[{MIN_SPEC_TOKENS}, {MAX_SPEC_TOKENS}] | Most draft tokens verified per step (the cap "
-        "of the adaptive draft length). |"
+        f"| `num_speculative_tokens` (K) | {default_k} | integer in "
+        f"[{MIN_SPEC_TOKENS}, {MAX_SPEC_TOKENS}] | {k_meaning} |"
     )
-    rows.extend(option_rows(LookaheadOptions))
+    rows.extend(option_rows(options_cls or LookaheadOptions))
     return "\n".join(rows)
 
 

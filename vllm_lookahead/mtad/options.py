@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from vllm_lookahead.options import MethodOptions, _option
+from vllm_lookahead.options import MethodOptions, _option, options_table
 
 #: MTAD's draft length γ when ``num_speculative_tokens`` is not given (the paper's 4).
 DEFAULT_SPEC_TOKENS = 4
@@ -43,3 +43,9 @@ class MTADOptions(MethodOptions):
     draft_top_p: float = _option(
         0.9, 0.0, "Top-p of the auxiliary model's beam sampling.", low_open=True,
     )
+
+
+def mtad_options_table() -> str:
+    """Markdown table of the ``mtad`` options, for the README (kept in sync by a test)."""
+    return options_table(MTADOptions, DEFAULT_SPEC_TOKENS,
+                         "γ: draft length (tokens per beam).")

@@ -25,7 +25,12 @@ import torch
 from vllm_lookahead import worker
 from vllm_lookahead.metrics import SnapshotWriter
 from vllm_lookahead.mtad.acceptance import joint_accept
-from vllm_lookahead.mtad.drafter import AuxiliaryState, BeamDrafter, load_auxiliary_model
+from vllm_lookahead.mtad.drafter import (
+    AuxiliaryState,
+    BeamDrafter,
+    DraftJob,
+    load_auxiliary_model,
+)
 from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 from vllm_lookahead.proposer import ProposerStats
@@ -105,10 +110,12 @@ class MTADProposer:
                 jobs.append((row, req_ids[row], num_tokens, length))
 
         results = None
-        if self._drafter is not None:
-            results = [self._draft(req_id, token_ids_cpu[row, :num_tokens], length)
-                       for row, req_id, num_tokens, length in jobs]
-        results = worker.broadcast_from_first_tp_rank(results)
+        if self._drafter is not None and jobs:
+            results = self._drafter.draft([
+                DraftJob(self._states.setdefault(req_id, AuxiliaryState()),
+                         token_ids_cpu[row, :num_tokens], length, self._is_greedy(req_id))
+                for row, req_id, num_tokens, length in jobs])
+        results = worker.broadcast_from_first_tp_rank(results) if jobs else []
 
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         for (row, req_id, _, _), (tokens, logq) in zip(jobs, results):
@@ -122,11 +129,9 @@ class MTADProposer:
             self._snapshots.write(self.stats)
         return drafts
 
-    def _draft(self, req_id: str, context: np.ndarray, length: int):
-        state = self._states.setdefault(req_id, AuxiliaryState())
+    def _is_greedy(self, req_id: str) -> bool:
         params = worker.sampling_params(self._runner, req_id)
-        greedy = params is None or params.temperature == 0
-        return self._drafter.draft(state, context, length, argmax=greedy)
+        return params is None or params.temperature == 0
 
     # -- verification (joint mode) ---------------------------------------------------
 
