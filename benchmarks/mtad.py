@@ -127,7 +127,9 @@ def summarize(name: str, dataset: str, outputs: list[dict], answers: list[str],
 
 
 def write_results(results: dict, stem: Path) -> list[Path]:
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    """``stem``.json, .md and .png (model names have dots: no ``with_suffix``)."""
+    paths = [stem.parent / f"{stem.name}{suffix}" for suffix in (".json", ".md", ".png")]
+    paths[0].write_text(json.dumps(results, indent=1))
     rows = results["rows"]
     base = {(r["dataset"]): r["tokens_per_s"] for r in rows if r["method"] == "none"}
     lines = [f"# MTAD: {results['draft']} drafting for {results['target']}", "",
@@ -141,7 +143,7 @@ def write_results(results: dict, stem: Path) -> list[Path]:
         lines.append(f"| {r['dataset']} | {r['method']} | {r['requests']} | "
                      f"{r['tokens_per_s']:.2f} | {r['tokens_per_s'] / base[r['dataset']]:.2f}x | "
                      f"{r['block_efficiency']:.2f} | {r['perplexity']:.2f} | {pass_at_1} |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    paths[1].write_text("\n".join(lines) + "\n")
 
     import matplotlib
 
@@ -162,8 +164,8 @@ def write_results(results: dict, stem: Path) -> list[Path]:
     axes[0].legend()
     figure.suptitle(f"MTAD vs draft_model: {results['draft']} -> {results['target']}")
     figure.tight_layout()
-    figure.savefig(stem.with_suffix(".png"))
-    return [stem.with_suffix(s) for s in (".json", ".md", ".png")]
+    figure.savefig(paths[2])
+    return paths
 
 
 def main(argv: list[str] | None = None) -> None:

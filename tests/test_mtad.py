@@ -29,7 +29,7 @@ from vllm_lookahead.mtad.drafter import (
     DraftJob,
     sampling_distribution,
 )
-from vllm_lookahead.plugin import rewrite_speculative_config
+from vllm_lookahead.plugin import parse_speculative_config_arg, rewrite_speculative_config
 
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
 
@@ -220,6 +220,15 @@ def test_options_reach_the_workers(llama_path):
     assert extra["vllm_lookahead"]["beam_width"] == 2
 
 
+def test_command_line_accepts_mtad_and_rejects_bad_values(llama_path):
+    import argparse
+
+    text = f'{{"method": "mtad", "model": "{llama_path}", "beam_width": 2}}'
+    assert parse_speculative_config_arg(text)["beam_width"] == 2
+    with pytest.raises(argparse.ArgumentTypeError, match="mtad: beam_width"):
+        parse_speculative_config_arg(text.replace('"beam_width": 2', '"beam_width": -1'))
+
+
 def test_vocabulary_mismatch_names_both_sizes(llama_path, tmp_path):
     from transformers import LlamaConfig
 
@@ -270,6 +279,16 @@ def test_mixed_batch_keeps_greedy_rows_exact(joint_llm, llama_reference):
     for i, output in enumerate(outputs):
         if i % 2 == 0:
             assert list(output.outputs[0].token_ids) == llama_reference[i]
+
+
+def test_logprobs_come_with_the_accepted_tokens(joint_llm):
+    params = SamplingParams(temperature=1.0, max_tokens=32, ignore_eos=True, logprobs=2)
+    (output,) = joint_llm.generate([{"prompt_token_ids": make_prompts()[1]}], params,
+                                   use_tqdm=False)
+    completion = output.outputs[0]
+    assert len(completion.logprobs) == len(completion.token_ids) == 32
+    for token, candidates in zip(completion.token_ids, completion.logprobs):
+        assert token in candidates and math.isfinite(candidates[token].logprob)
 
 
 def test_abort_mid_generation_frees_state(joint_llm, llama_reference):
