@@ -26,6 +26,13 @@ ENGINE_KWARGS = dict(
 )
 
 
+# Chunked prefill with a 64-token budget splits the long prompts (up to 300 tokens);
+# a KV cache of 1024 tokens cannot hold the 8 requests (~1650 tokens) at once, so
+# some are preempted and recomputed.
+STRESSED = {**ENGINE_KWARGS, "max_model_len": 512, "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 64, "kv_cache_memory_bytes": 1024 * 1024}
+
+
 @pytest.fixture(scope="session")
 def llama_path(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("llama"), "llama", seed=0))
@@ -76,6 +83,25 @@ def metrics(llm) -> dict:
             value = list(metric.values)
         values[metric.name] = value
     return values
+
+
+def generate_aborting_one(llm, params: list) -> dict[str, list[int]]:
+    """Requests "r0", "r1", ... (make_prompts()' first ones, ``params[i]`` each) through
+    the engine's step loop, "r1" aborted at its first output, mid-generation with drafts
+    in flight; the finished ones' tokens by id."""
+    engine = llm.llm_engine
+    for index, (prompt, request_params) in enumerate(zip(make_prompts(), params)):
+        engine.add_request(f"r{index}", {"prompt_token_ids": prompt}, request_params)
+    finished, aborted = {}, False
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.request_id == "r1" and not aborted:
+                engine.abort_request(["r1"])
+                aborted = True
+            elif output.finished:
+                finished[output.request_id] = list(output.outputs[0].token_ids)
+    assert aborted
+    return finished
 
 
 def proposer_stats(llm):

@@ -13,7 +13,9 @@ from conftest import (
     LONG_MAX_TOKENS,
     LONG_PROMPT,
     LOOKAHEAD,
+    STRESSED,
     generate,
+    generate_aborting_one,
     greedy,
     make_prompts,
     metrics,
@@ -24,11 +26,6 @@ from vllm import LLM
 
 GREEDY = greedy()
 
-# Chunked prefill with a 64-token budget splits the long prompts (up to 300 tokens);
-# a KV cache of 1024 tokens cannot hold the 8 requests (~1650 tokens) at once, so
-# some are preempted and recomputed.
-STRESSED = {**ENGINE_KWARGS, "max_model_len": 512, "enable_chunked_prefill": True,
-            "max_num_batched_tokens": 64, "kv_cache_memory_bytes": 1024 * 1024}
 
 
 @pytest.fixture(scope="module")
@@ -74,21 +71,8 @@ def test_proposer_state_is_freed_after_requests_finish(stressed_lookahead):
 
 def test_abort_mid_generation_frees_state_and_spares_the_others(stressed_lookahead,
                                                                   llama_reference):
-    engine = stressed_lookahead.llm_engine
-    prompts = make_prompts()[:3]
-    for index, prompt in enumerate(prompts):
-        engine.add_request(f"abort-test-{index}", {"prompt_token_ids": prompt}, GREEDY)
-    finished, aborted = {}, False
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.request_id == "abort-test-1" and not aborted:
-                engine.abort_request(["abort-test-1"])  # mid-generation, drafts in flight
-                aborted = True
-            elif output.finished:
-                finished[output.request_id] = list(output.outputs[0].token_ids)
-    assert finished["abort-test-0"] == llama_reference[0]
-    assert finished["abort-test-2"] == llama_reference[2]
-    assert aborted and "abort-test-1" not in finished
+    finished = generate_aborting_one(stressed_lookahead, [GREEDY] * 3)
+    assert finished == {"r0": llama_reference[0], "r2": llama_reference[2]}
     (stats,) = stats_once_idle(stressed_lookahead)
     assert stats.active_requests == 0
 

@@ -11,9 +11,12 @@ import torch
 from conftest import (
     ENGINE_KWARGS,
     SIGNIFICANCE,
+    STRESSED,
     generate,
+    generate_aborting_one,
     greedy,
     make_prompts,
+    metrics,
     proposer_stats,
     same_distribution_pvalue,
     sample_tokens,
@@ -292,23 +295,24 @@ def test_logprobs_come_with_the_accepted_tokens(joint_llm):
 
 
 def test_abort_mid_generation_frees_state(joint_llm, llama_reference):
-    engine = joint_llm.llm_engine
-    for index, prompt in enumerate(make_prompts()[:3]):
-        params = greedy() if index != 1 else SAMPLED
-        engine.add_request(f"mtad-abort-{index}", {"prompt_token_ids": prompt}, params)
-    finished, aborted = {}, False
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.request_id == "mtad-abort-1" and not aborted:
-                engine.abort_request(["mtad-abort-1"])
-                aborted = True
-            elif output.finished:
-                finished[output.request_id] = list(output.outputs[0].token_ids)
-    assert finished["mtad-abort-0"] == llama_reference[0]
-    assert finished["mtad-abort-2"] == llama_reference[2]
-    assert aborted and "mtad-abort-1" not in finished
+    finished = generate_aborting_one(joint_llm, [greedy(), SAMPLED, greedy()])
+    assert finished == {"r0": llama_reference[0], "r2": llama_reference[2]}
     (stats,) = stats_once_idle(joint_llm)
     assert stats.active_requests == 0
+
+
+def test_chunked_prefill_and_preemption_keep_greedy_exact(llama_path, llama_reference):
+    """A 64-token prefill budget chunks the long prompts; a 1 MiB KV cache cannot hold the
+    8 requests, so some are preempted and resumed (their auxiliary cache rebuilt)."""
+    llm = LLM(llama_path, speculative_config=mtad(llama_path), disable_log_stats=False,
+              **STRESSED)
+    outputs = generate(llm, make_prompts(), greedy())
+    sampled = generate(llm, make_prompts(), SAMPLED)
+    preemptions = metrics(llm)["vllm:num_preemptions"]
+    shutdown(llm)
+    assert outputs == llama_reference
+    assert all(len(o) == 64 for o in sampled)
+    assert preemptions > 0
 
 
 def test_other_auxiliary_model_gives_partial_acceptance(llama_path, qwen2_path):

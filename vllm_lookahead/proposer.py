@@ -122,11 +122,7 @@ class LookaheadProposer:
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No draft model; called by vLLM after the runner is built, so check binding."""
-        if self._runner is None:
-            raise RuntimeError(
-                "vllm-lookahead: the model runner was not bound to the proposer; "
-                "is the vllm_lookahead plugin installed in this Python environment?"
-            )
+        worker.check_bound(self._runner)
 
     def on_verification(self, capture: worker.VerificationCapture) -> None:
         self._capture = capture

@@ -164,6 +164,16 @@ def expand_batch_to_tokens(
     return x.repeat_interleave(counts, output_size=num_tokens)
 
 
+def check_bound(runner: Any) -> None:
+    """Raise unless ``_binding_init`` handed the runner over (vLLM calls the drafter's
+    ``load_model`` after building the runner, so this is the place to check)."""
+    if runner is None:
+        raise RuntimeError(
+            "vllm-lookahead: the model runner was not bound to the proposer; "
+            "is the vllm_lookahead plugin installed in this Python environment?"
+        )
+
+
 def request_ids(runner: Any) -> list[str | None]:
     """Request id of each input-batch row (the rows ``propose`` receives)."""
     return runner.input_batch.req_ids

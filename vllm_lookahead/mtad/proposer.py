@@ -70,11 +70,7 @@ class MTADProposer:
         self._runner = runner
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        if self._runner is None:
-            raise RuntimeError(
-                "vllm-lookahead: the model runner was not bound to the proposer; "
-                "is the vllm_lookahead plugin installed in this Python environment?"
-            )
+        worker.check_bound(self._runner)
         if worker.is_first_tp_rank():
             opts = self.options
             model = load_auxiliary_model(opts.model, self._dtype, self._runner.device)
