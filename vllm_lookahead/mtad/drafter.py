@@ -3,8 +3,9 @@
 The auxiliary model runs outside vLLM's paged KV cache, as a plain transformers
 model with one dense cache per request: beam sampling needs B different histories
 at the same positions, which vLLM's one-chain draft machinery cannot hold. A
-request's cache holds its committed context only; beams extend a B-row copy that
-is cut back after drafting, so a rejected draft needs no rollback.
+request's cache holds its committed context only; the beams of all requests run on
+a scratch copy (one row per beam, left-padded) that is dropped after drafting, so a
+rejected draft needs no rollback.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class BeamDrafter:
         if steps > 1:
             self._beam_steps(jobs, beams, steps)
         results = []
-        for job, b in zip(jobs, beams):
+        for b in beams:
             best = int(b.score.argmax())
             results.append((b.history[best].tolist(), b.logq[best].tolist()))
         return results
