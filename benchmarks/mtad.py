@@ -131,9 +131,11 @@ def write_results(results: dict, stem: Path) -> list[Path]:
     paths = [stem.parent / f"{stem.name}{suffix}" for suffix in (".json", ".md", ".png")]
     paths[0].write_text(json.dumps(results, indent=1))
     rows = results["rows"]
-    base = {(r["dataset"]): r["tokens_per_s"] for r in rows if r["method"] == "none"}
+    base = {r["dataset"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
+    cpu = results["machine"]
     lines = [f"# MTAD: {results['draft']} drafting for {results['target']}", "",
-             f"{results['machine']['cpu_model']} ({results['machine']['cores_usable']} cores), {results['dtype']}, T={results['temperature']}, "
+             f"{cpu['cpu_model']} ({cpu['cores_usable']} cores), {results['dtype']}, "
+             f"T={results['temperature']}, "
              f"batch 1, K={results['k']}, up to {results['max_tokens']} new tokens, "
              f"first turns; {results['date']}.", "",
              "| dataset | method | requests | tokens/s | speedup | block efficiency | "

@@ -366,3 +366,18 @@ def test_replay_gives_each_dataset_a_fresh_proposer(second_dataset, second_helpe
     assert tokens == tokens_2 == len(answer) and passes == len(answer)  # nothing to copy
     # within one dataset the first answer is in the corpus and the second one copies it
     assert (passes_2 < passes) == second_helped and (drafted_2 > 0) == second_helped
+
+
+def test_mtad_pass_at_1_checker_runs_the_tasks_tests():
+    import gzip
+
+    from benchmarks.mtad import PASS_TIMEOUT_S, code_of, passes_tests
+
+    with gzip.open(datasets.DATA_DIR / "HumanEval.jsonl.gz", "rt") as f:
+        task = json.loads(f.readline())
+    body = task["canonical_solution"]
+    answer = f"Here it is:\n```python\n{task['prompt']}{body}```\nDone."
+    assert code_of(answer).startswith(task["prompt"])
+    assert passes_tests(task, answer)
+    assert not passes_tests(task, answer.replace(body, "    return False\n"))
+    assert not passes_tests(task, "```python\nwhile True: pass\n```") and PASS_TIMEOUT_S <= 10

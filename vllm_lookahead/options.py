@@ -19,7 +19,7 @@ MAX_SPEC_TOKENS = 128  # vLLM's rejection sampler asserts max_spec_len <= 128
 DEFAULT_SPEC_TOKENS = 24
 
 
-def _option(default: Any, low: float | None, doc: str, high: float | None = None,
+def option_field(default: Any, low: float | None, doc: str, high: float | None = None,
             choices: tuple[str, ...] = (), low_open: bool = False):
     """A validated option: ints >= ``low``; floats in [``low``, ``high``] (default [0, 1],
     ``low`` excluded if ``low_open``); strings among ``choices``."""
@@ -65,48 +65,48 @@ class LookaheadOptions(MethodOptions):
 
     METHOD = "lookahead"
 
-    ngram_size: int = _option(
+    ngram_size: int = option_field(
         4, 2, "N: n-gram length in the pool (a key token plus N-1 continuation tokens)."
     )
-    window_size: int = _option(
+    window_size: int = option_field(
         8, 1,
         "W: Jacobi columns harvested per verification pass (the target's predictions "
         "at the draft positions, also after the first rejection).",
     )
-    guess_set_size: int = _option(
+    guess_set_size: int = option_field(
         8, 0,
         "G: most recent pool entries ranked per key when a draft comes from the pool; "
         "0 drafts from prompt/output suffix matches only.",
     )
-    pool_from_prompt: bool = _option(True, None, "Seed the pool with the prompt's n-grams.")
-    pool_max_per_key: int = _option(
+    pool_from_prompt: bool = option_field(True, None, "Seed the pool with the prompt's n-grams.")
+    pool_max_per_key: int = option_field(
         8, 1, "Pool bound: entries kept per key token (least recently used evicted)."
     )
-    pool_max_keys: int = _option(
+    pool_max_keys: int = option_field(
         65536, 1, "Pool bound: key tokens kept per request (least recently used evicted)."
     )
-    suffix_match_min: int = _option(
+    suffix_match_min: int = option_field(
         2, 1, "Shortest context suffix that a prompt/output match must repeat."
     )
-    suffix_match_max: int = _option(
+    suffix_match_max: int = option_field(
         16, 1, "Longest context suffix tried for a prompt/output match."
     )
-    draft_min_prob: float = _option(
+    draft_min_prob: float = option_field(
         0.1, None,
         "Drafts stop where their estimated probability (product of the continuation "
         "frequencies among context matches and pool entries) would fall below this.",
     )
-    adaptive_draft_length: bool = _option(
+    adaptive_draft_length: bool = option_field(
         True, None,
         "Bound each request's draft length by its recent acceptance: grown after a fully "
         "accepted draft, cut after a rejection (K stays the maximum).",
     )
-    corpus_tokens: int = _option(
+    corpus_tokens: int = option_field(
         262144, 0,
         "Cross-request memory: tokens of finished responses kept (per worker, oldest "
         "dropped) and searched for repeats of the context's suffix; 0 turns it off.",
     )
-    harvest_jacobi: bool = _option(
+    harvest_jacobi: bool = option_field(
         True, None, "Feed the pool with the target's predictions captured at verification."
     )
 

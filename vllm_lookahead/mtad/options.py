@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from vllm_lookahead.options import MethodOptions, _option, options_table
+from vllm_lookahead.options import MethodOptions, option_field, options_table
 
 #: MTAD's draft length γ when ``num_speculative_tokens`` is not given (the paper's 4).
 DEFAULT_SPEC_TOKENS = 4
@@ -18,13 +18,13 @@ class MTADOptions(MethodOptions):
 
     METHOD = "mtad"
 
-    model: str = _option(
+    model: str = option_field(
         dataclasses.MISSING, None,
         "Auxiliary model (local path or Hugging Face name) with the target's vocabulary; "
         "it drafts by beam sampling.",
     )
-    beam_width: int = _option(4, 1, "B: beams kept while drafting (the best one is verified).")
-    acceptance: str = _option(
+    beam_width: int = option_field(4, 1, "B: beams kept while drafting (the best one is verified).")
+    acceptance: str = option_field(
         "joint", None,
         "`joint`: MTAD's rule, the longest draft prefix whose joint ratio P_target/Q_aux "
         "exceeds `acceptance_threshold`, then one token sampled from the target (not "
@@ -32,15 +32,15 @@ class MTADOptions(MethodOptions):
         "(the target's distribution exactly).",
         choices=ACCEPTANCE_MODES,
     )
-    acceptance_threshold: float = _option(
+    acceptance_threshold: float = option_field(
         0.5, 0.0, "τ of the joint rule (ignored by `lossless`).", low_open=True,
     )
-    draft_temperature: float = _option(
+    draft_temperature: float = option_field(
         1.0, 0.0, "Temperature of the auxiliary model's beam sampling.", high=100.0,
         low_open=True,
     )
-    draft_top_k: int = _option(10, 0, "Top-k of the auxiliary model's beam sampling (0: off).")
-    draft_top_p: float = _option(
+    draft_top_k: int = option_field(10, 0, "Top-k of the auxiliary model's beam sampling (0: off).")
+    draft_top_p: float = option_field(
         0.9, 0.0, "Top-p of the auxiliary model's beam sampling.", low_open=True,
     )
 
