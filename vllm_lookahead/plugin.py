@@ -105,13 +105,16 @@ def selected_method(spec: dict[str, Any]) -> str | None:
 
 
 def rewrite_speculative_config(
-    spec: dict[str, Any], additional_config: dict[str, Any] | None
+    spec: dict[str, Any], additional_config: dict[str, Any] | None,
+    target_model_config: Any = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Map a request for one of our methods onto vLLM's ``custom_class`` proposer.
 
     Returns the ``speculative_config`` and ``additional_config`` to hand to vLLM;
     a spec that does not select one of our methods comes back unchanged. Raises
-    ``ValueError`` naming the offending option and the accepted values.
+    ``ValueError`` naming the offending option and the accepted values. With the
+    target's ``ModelConfig`` (not known yet when the command line is parsed), MTAD's
+    auxiliary model must also share its vocabulary.
     """
     method = selected_method(spec)
     additional_config = dict(additional_config or {})
@@ -136,8 +139,9 @@ def rewrite_speculative_config(
     if method == "mtad" and spec.get("model") is not None:
         values["model"] = spec["model"]  # the auxiliary model: ours to load, not vLLM's
     options = options_cls.from_dict(values)
-    if method == "mtad":
-        auxiliary_vocab_size(options.model)  # a missing model fails here, at startup
+    if method == "mtad":  # a missing model fails here, at startup
+        _check_auxiliary_vocab(options.model, auxiliary_vocab_size(options.model),
+                               target_model_config)
     num_tokens = check_num_speculative_tokens(
         spec.get("num_speculative_tokens", default_tokens), method
     )
@@ -150,18 +154,16 @@ def rewrite_speculative_config(
     return rewritten, additional_config
 
 
-def check_auxiliary_vocab(additional_config: dict[str, Any], target_model_config: Any) -> None:
+def _check_auxiliary_vocab(model: str, aux_vocab: int, target_model_config: Any) -> None:
     """MTAD's auxiliary model must share the target's vocabulary (token ids are shared)."""
-    options = (additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {})
-    if options.get("method") != "mtad":
+    if target_model_config is None:
         return
-    aux_vocab = auxiliary_vocab_size(options["model"])
     target_vocab = target_model_config.get_vocab_size()
     if aux_vocab != target_vocab:
         raise ValueError(
-            f"mtad: the auxiliary model {options['model']!r} has a vocabulary of "
-            f"{aux_vocab} tokens, the target {target_model_config.model!r} one of "
-            f"{target_vocab}; the two models must share a tokenizer and vocabulary"
+            f"mtad: the auxiliary model {model!r} has a vocabulary of {aux_vocab} tokens, "
+            f"the target {target_model_config.model!r} one of {target_vocab}; the two "
+            "models must share a tokenizer and vocabulary"
         )
 
 
@@ -199,12 +201,10 @@ def _patch_create_speculative_config(engine_args_cls: type) -> None:
             _fold_spec_aliases(self)
             if isinstance(self.speculative_config, dict):
                 spec = {k.replace("-", "_"): v for k, v in self.speculative_config.items()}
-                self.speculative_config, self.additional_config = rewrite_speculative_config(
-                    spec, self.additional_config
-                )
                 target = args[0] if args else kwargs.get("target_model_config")
-                if target is not None:
-                    check_auxiliary_vocab(self.additional_config, target)
+                self.speculative_config, self.additional_config = rewrite_speculative_config(
+                    spec, self.additional_config, target
+                )
             return original(self, *args, **kwargs)
 
         return create_speculative_config
