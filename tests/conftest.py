@@ -13,6 +13,8 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 #: The lookahead configuration the engine tests run (K=5, default options).
 LOOKAHEAD = {"method": "lookahead", "num_speculative_tokens": 5}
+#: Lookahead with draft rescoring: the target's top-k is captured at every draft position.
+RESCORING = {**LOOKAHEAD, "rescoring_top_k": 3}
 
 #: Engine settings every CPU test shares: eager (torch.compile on CPU costs minutes),
 #: float32 (greedy must be bit-exact), an explicit KV budget (the CPU default is a

@@ -12,7 +12,7 @@ from conftest import (
     ENGINE_KWARGS,
     LONG_MAX_TOKENS,
     LONG_PROMPT,
-    LOOKAHEAD,
+    RESCORING,
     STRESSED,
     generate,
     generate_aborting_one,
@@ -30,7 +30,7 @@ GREEDY = greedy()
 
 @pytest.fixture(scope="module")
 def stressed_lookahead(llama_path):
-    llm = LLM(llama_path, speculative_config=LOOKAHEAD, disable_log_stats=False, **STRESSED)
+    llm = LLM(llama_path, speculative_config=RESCORING, disable_log_stats=False, **STRESSED)
     yield llm
     shutdown(llm)
 
@@ -67,6 +67,7 @@ def test_proposer_state_is_freed_after_requests_finish(stressed_lookahead):
     (stats,) = stats_once_idle(stressed_lookahead)
     assert stats.active_requests == 0
     assert stats.harvested_ngrams > 0
+    assert stats.lattice_tokens > 0  # draft rescoring (RESCORING) chose lattice paths
 
 
 def test_abort_mid_generation_frees_state_and_spares_the_others(stressed_lookahead,

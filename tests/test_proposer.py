@@ -10,9 +10,11 @@ import pytest
 import torch
 from conftest import fake_vllm_config
 
+from vllm_lookahead import worker
+from vllm_lookahead.budget import MIN_SAMPLES
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 from vllm_lookahead.pool import NgramPool, ResponseCorpus, _suffix_match
-from vllm_lookahead.proposer import DRAFT_LIMIT_MARGIN, LookaheadProposer
+from vllm_lookahead.proposer import DRAFT_LIMIT_MARGIN, LookaheadProposer, _RequestState
 from vllm_lookahead.worker import VerificationCapture
 
 MAX_LEN = 64
@@ -283,13 +285,15 @@ def test_pool_from_prompt_off_ignores_prompt_ngrams():
     assert Batch(runner_off, {"a": prompt}, {0: 6}).propose(off, [[3]]) == [[]]
 
 
-def capture(drafts, predictions, bonus):
+def capture(drafts, predictions, bonus, top_ids=None, top_logprobs=None):
     flat = [t for d in drafts for t in d]
     return VerificationCapture(
         num_draft_tokens=[len(d) for d in drafts],
         draft_token_ids=torch.tensor(flat),
         target_argmax=torch.tensor([t for p in predictions for t in p]),
         bonus_token_ids=torch.tensor(bonus),
+        target_top_ids=None if top_ids is None else torch.tensor(top_ids),
+        target_top_logprobs=None if top_logprobs is None else torch.tensor(top_logprobs),
     )
 
 
@@ -324,6 +328,70 @@ def test_harvest_ignores_dummy_runs_and_foreign_drafts():
     batch.set({"a": [7, 8, 7, 8, 7]})
     batch.propose(proposer, [[7]])
     assert proposer.stats.harvested_ngrams == 0
+
+
+@pytest.mark.parametrize("rescoring_top_k", [0, 2])
+def test_rescoring_drafts_the_lattice_path_after_a_rejection(rescoring_top_k):
+    proposer, runner = make_proposer(k=4, ngram_size=3, rescoring_top_k=rescoring_top_k)
+    context = [40, 41, 42, 43, 44, 30, 40, 41]
+    batch = Batch(runner, {"a": context})
+    draft = batch.propose(proposer, [[41]])[0]
+    assert draft == [42, 43, 44, 30]
+    # accepts 42, corrects 43 to 50; past the rejection the target's top-2 are
+    # (60, 61) after 43 and (62, 63) after 44: the lattice for the tokens after 50
+    top_ids = [[42, 1], [50, 2], [60, 61], [62, 63]]
+    logprobs = [[-0.1, -3.0]] * 4
+    proposer.on_verification(capture([draft], [[42, 50, 60, 62]], [64], top_ids, logprobs))
+    batch.set({"a": context + [42, 50]})
+    # nothing in the context or the pool follows 50
+    expected = [60, 62] if rescoring_top_k else []
+    assert batch.propose(proposer, [[42, 50]]) == [expected]
+    assert proposer.stats.lattice_tokens == len(expected)
+
+
+def test_rescoring_ranks_pool_entries_by_frequency_and_lattice_probability():
+    proposer, _ = make_proposer(k=4, ngram_size=3, rescoring_top_k=2)
+    state = _RequestState(NgramPool(3, 8, 100), prompt_len=0, next_ngram_start=0)
+    for continuation in [(1, 2), (1, 2), (3, 4)]:
+        state.pool.add(9, continuation)
+    # the lattice is nearly sure of 3 then 4: that beats (1, 2)'s higher count
+    state.lattice = [[3, 7], [4, 8]], [[-0.05, -4.0], [-0.05, -4.0]]
+    (best, share), from_lattice = proposer._rescored(state, 9)
+    assert best == (3, 4) and not from_lattice  # the lattice's path is a pool entry
+    assert 0.5 < share < 1.0
+    # an undecided lattice leaves the pool's frequencies in charge
+    state.lattice = [[3, 1], [4, 2]], [[-0.69, -0.70], [-0.69, -0.70]]
+    assert proposer._rescored(state, 9)[0][0] == (1, 2)
+
+
+def test_capture_top_k_log_probabilities(monkeypatch):
+    monkeypatch.setattr(worker, "_observer", SimpleNamespace(capture_top_k=2))
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 2.5]])
+    result = worker._capture(torch.tensor([1, 0]), [2], logits, torch.tensor([[2]]))
+    expected_logprobs, expected_ids = torch.log_softmax(logits, -1).topk(2, -1)
+    assert result.target_top_ids.tolist() == expected_ids.tolist() == [[1, 2], [0, 3]]
+    assert torch.allclose(result.target_top_logprobs, expected_logprobs)
+    monkeypatch.setattr(worker, "_observer", SimpleNamespace())
+    assert worker._capture(torch.tensor([1, 0]), [2], logits,
+                           torch.tensor([[2]])).target_top_ids is None
+
+
+@pytest.mark.parametrize("cost_aware", [True, False])
+def test_expensive_tokens_cut_drafts_under_load(cost_aware):
+    proposer, runner = make_proposer(k=4, cost_aware_drafts=cost_aware,
+                                     adaptive_draft_length=False)
+    periodic = [1, 2, 3] * 6
+    batch = Batch(runner, {str(i): periodic for i in range(8)})
+    assert list(map(len, batch.propose(proposer, [[3]] * 8))) == [4] * 8
+    # passes timed at 10 ms per token and no fixed cost: a draft token pays only if
+    # accepted at least as often as a pass yields tokens per token computed (1 here)
+    for n in range(MIN_SAMPLES):
+        proposer.on_step_start(8 + n)
+        proposer._step_start = (proposer._step_start[0] - 0.01 * (8 + n), 8 + n)
+        batch.propose(proposer, [[3]] * 8)
+    lengths = list(map(len, batch.propose(proposer, [[3]] * 8)))
+    assert lengths == ([0] * 8 if cost_aware else [4] * 8)
+    assert (proposer.stats.cut_tokens > 0) == cost_aware
 
 
 def test_unbound_runner_fails_at_load_model():

@@ -36,6 +36,8 @@ COUNTERS = [
     ("vllm:lookahead_proposer_steps", "steps", "Engine steps the lookahead proposer ran in."),
     ("vllm:lookahead_proposer_seconds", "seconds", "Seconds spent in the lookahead proposer."),
     ("vllm:lookahead_drafts", "drafts", "Non-empty drafts proposed."),
+    ("vllm:lookahead_cut_draft_tokens", "cut_tokens",
+     "Draft tokens dropped because the step's compute could not afford them."),
     ("vllm:lookahead_harvested_ngrams", "harvested_ngrams",
      "N-grams harvested from the target's predictions at draft positions (Jacobi)."),
     ("vllm:lookahead_generated_tokens", "generated_tokens",
@@ -44,7 +46,8 @@ COUNTERS = [
      "Target forward passes of decoding requests, one per request and pass."),
 ]
 #: Draft tokens by where they came from (label ``source``): the hits of each source.
-DRAFT_SOURCES = {"context": "suffix_tokens", "corpus": "corpus_tokens", "pool": "pool_tokens"}
+DRAFT_SOURCES = {"context": "suffix_tokens", "corpus": "corpus_tokens", "pool": "pool_tokens",
+                 "lattice": "lattice_tokens"}
 GAUGES = [
     ("vllm:lookahead_active_requests", "active_requests",
      "Requests the proposer holds state for."),

@@ -101,6 +101,13 @@ class LookaheadOptions(MethodOptions):
         "Bound each request's draft length by its recent acceptance: grown after a fully "
         "accepted draft, cut after a rejection (K stays the maximum).",
     )
+    cost_aware_drafts: bool = option_field(
+        True, None,
+        "Under load, cut drafts to the tokens the step's compute affords: the pass time "
+        "is fitted online against its token count, and a draft token is kept only while "
+        "its expected acceptance (from its request's recent rate) raises the expected "
+        "tokens per second of the whole step. At batch size 1 it rarely cuts.",
+    )
     corpus_tokens: int = option_field(
         262144, 0,
         "Cross-request memory: tokens of finished responses kept (per worker, oldest "
@@ -108,6 +115,13 @@ class LookaheadOptions(MethodOptions):
     )
     harvest_jacobi: bool = option_field(
         True, None, "Feed the pool with the target's predictions captured at verification."
+    )
+    rescoring_top_k: int = option_field(
+        0, 0,
+        "Draft rescoring (blockwise parallel decoding's lattice): capture the target's "
+        "top-k tokens at the draft positions past a rejection, and choose the draft after "
+        "the correction token among the pool's entries and the lattice's top path by "
+        "pool frequency times lattice probability; 0 turns it off.",
     )
 
     @classmethod

@@ -50,15 +50,22 @@ class NgramPool:
         for i in range(count):
             self.add(tokens[i], tuple(tokens[i + 1 : i + n]))
 
+    def candidates(self, key: int, guess_set_size: int) -> list[tuple[Continuation, int]]:
+        """The ``guess_set_size`` most recent continuations of ``key`` with their counts,
+        newest first."""
+        entries = self._table.get(key)
+        if not entries or guess_set_size == 0:
+            return []
+        return list(entries.items())[: -guess_set_size - 1 : -1]
+
     def best(self, key: int, guess_set_size: int) -> tuple[Continuation, float] | None:
         """Most frequent of the ``guess_set_size`` most recent continuations of ``key``,
         with its share of their counts (the draft's probability estimate)."""
-        entries = self._table.get(key)
-        if not entries or guess_set_size == 0:
+        recent = self.candidates(key, guess_set_size)
+        if not recent:
             return None
-        recent = list(entries.items())[-guess_set_size:]
-        # max keeps the first maximum: scan newest first so ties go to the newest
-        continuation, count = max(reversed(recent), key=lambda item: item[1])
+        # max keeps the first maximum: newest first, so ties go to the newest
+        continuation, count = max(recent, key=lambda item: item[1])
         return continuation, count / sum(c for _, c in recent)
 
 

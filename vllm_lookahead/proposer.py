@@ -6,7 +6,8 @@ in the request's own prompt and output or in the responses of earlier requests
 (whichever match is longer), (2) chained lookups in the request's n-gram pool to
 fill the remaining slots. A draft ends where its probability estimate falls below
 ``draft_min_prob`` or at the request's adaptive length bound: every draft token
-costs target compute, so tokens unlikely to be accepted are not proposed.
+costs target compute, so tokens unlikely to be accepted are not proposed; under
+load, drafts are cut further to what the step's compute affords (``budget.py``).
 Each verification pass doubles as one Jacobi iteration: the target's prediction at
 every draft position, including those after the first rejection, feeds the pool.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead import worker
+from vllm_lookahead.budget import StepCostModel, affordable_draft_lengths
 from vllm_lookahead.metrics import SnapshotWriter
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
@@ -34,6 +37,7 @@ from vllm_lookahead.options import (
     request_overrides,
 )
 from vllm_lookahead.pool import (
+    Continuation,
     NgramPool,
     ResponseCorpus,
     batch_suffix_match,
@@ -48,6 +52,9 @@ logger = logging.getLogger(__name__)
 #: SmolLM2 generations (benchmarks/replay.py) for the best compression per draft token.
 DRAFT_LIMIT_GROWTH = 8
 DRAFT_LIMIT_MARGIN = 3
+#: Per-step decay of a request's acceptance counts (``cost_aware_drafts``): about the
+#: last 10 verified drafts estimate its acceptance rate.
+ACCEPTANCE_DECAY = 0.9
 
 
 @dataclass
@@ -62,6 +69,17 @@ class _RequestState:
     max_draft: int = 0  # K, or the request's own lower bound (extra_args)
     draft_min_prob: float = 0.0  # the option, or the request's own value
     draft_limit: int = 0  # current draft length bound (adaptive), <= max_draft
+    # target's top-k (ids, log-probs) per position after the bonus token, from the
+    # Jacobi positions past the last rejection (``rescoring_top_k``)
+    lattice: tuple[list[list[int]], list[list[float]]] | None = None
+    # decayed counts of accepted draft tokens and of rejections (one prior each)
+    accepted_tokens: float = 1.0
+    rejections: float = 1.0
+
+    @property
+    def accept_rate(self) -> float:
+        """Chance that a draft token is accepted given that the one before it was."""
+        return self.accepted_tokens / (self.accepted_tokens + self.rejections)
 
 
 @dataclass
@@ -72,15 +90,37 @@ class ProposerStats:
     seconds: float = 0.0
     drafts: int = 0
     draft_tokens: int = 0
+    cut_tokens: int = 0  # draft tokens dropped because the step could not afford them
     suffix_tokens: int = 0
     corpus_tokens: int = 0
     pool_tokens: int = 0
+    lattice_tokens: int = 0  # from the lattice's top path (draft rescoring chose it)
     harvested_ngrams: int = 0
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)
     active_requests: int = 0
     pool_ngrams: int = 0  # held by active requests' pools
     corpus_size: int = 0  # tokens held by the response corpus
+
+
+@dataclass
+class _Verified:
+    """One row of a verification pass: the draft, the target's argmax after each input
+    position (``[pending] + draft``, the last one the bonus token) and, if captured,
+    the target's top-k ids and log-probabilities at those positions but the last."""
+
+    draft: list[int]
+    predictions: list[int]
+    top_ids: list[list[int]] | None
+    top_logprobs: list[list[float]] | None
+
+    def lattice_after(self, accepted: int) -> tuple[list[list[int]], list[list[float]]] | None:
+        """Columns for the tokens after the bonus token: the positions past the rejected
+        draft token, where the target predicted with the rejected tokens as context
+        (Jacobi guesses); None after a full acceptance or without a capture."""
+        if self.top_ids is None or accepted + 1 >= len(self.draft):
+            return None
+        return self.top_ids[accepted + 1 :], self.top_logprobs[accepted + 1 :]
 
 
 class LookaheadProposer:
@@ -97,8 +137,11 @@ class LookaheadProposer:
         self._snapshots = SnapshotWriter(vllm_config, worker.worker_rank())
         self._runner: Any = None
         self._states: dict[str, _RequestState] = {}
+        self.capture_top_k = self.options.rescoring_top_k  # read by worker.py
         self._capture: worker.VerificationCapture | None = None
         self._corpus = ResponseCorpus(self.options.corpus_tokens)
+        self._cost_model = StepCostModel()
+        self._step_start: tuple[float, int] | None = None
         max_rows = vllm_config.scheduler_config.max_num_seqs
         self._match_out = np.zeros((max_rows, self.num_speculative_tokens), dtype=np.int32)
         self._match_count = np.zeros(max_rows, dtype=np.int64)
@@ -127,6 +170,10 @@ class LookaheadProposer:
     def on_verification(self, capture: worker.VerificationCapture) -> None:
         self._capture = capture
 
+    def on_step_start(self, num_scheduled_tokens: int) -> None:
+        """The runner starts a step: its time until ``propose`` is the pass's cost."""
+        self._step_start = (time.perf_counter(), num_scheduled_tokens)
+
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         """Free state; a finished (or aborted) request's output joins the corpus."""
         for req_id in finished:
@@ -146,11 +193,15 @@ class LookaheadProposer:
         slot_mappings: Any = None,
     ) -> list[list[int]]:
         start = time.perf_counter()
+        if self._step_start is not None:
+            step_start, num_scheduled = self._step_start
+            self._cost_model.add(num_scheduled, start - step_start)
+            self._step_start = None
         req_ids = worker.request_ids(self._runner)
         num_rows = len(sampled_token_ids)
         self._drop_forgotten()
         capture, self._capture = self._capture, None
-        harvest = self._harvest_rows(capture, num_rows)
+        verified = self._verified_rows(capture, num_rows)
 
         rows, states = [], []
         for row in range(num_rows):
@@ -161,9 +212,14 @@ class LookaheadProposer:
             accepted = len(sampled_token_ids[row]) - 1
             self._stats.generated_tokens += accepted + 1
             self._stats.request_passes += 1
-            if row in harvest:
-                self._harvest(state, *harvest[row], accepted)
+            state.lattice = None
+            if row in verified and self._is_our_draft(state, verified[row].draft):
+                if self.options.harvest_jacobi:
+                    self._harvest(state, verified[row], accepted)
+                if self.capture_top_k:
+                    state.lattice = verified[row].lattice_after(accepted)
             self._adapt_draft_limit(state, accepted)
+            self._count_acceptance(state, accepted)
             self._read_context(state, token_ids_cpu[row], num_tokens)
             state.pending_token = int(token_ids_cpu[row, num_tokens - 1])
             rows.append(row)
@@ -224,6 +280,14 @@ class LookaheadProposer:
         else:
             state.draft_limit = min(state.max_draft, accepted + DRAFT_LIMIT_MARGIN)
 
+    @staticmethod
+    def _count_acceptance(state: _RequestState, accepted: int) -> None:
+        if not state.draft:
+            return
+        state.accepted_tokens = ACCEPTANCE_DECAY * state.accepted_tokens + accepted
+        state.rejections = (ACCEPTANCE_DECAY * state.rejections
+                            + (accepted < len(state.draft)))
+
     def _read_context(self, state: _RequestState, tokens: np.ndarray, num_tokens: int) -> None:
         """Record the new output tokens and add the n-grams completed since last step."""
         first = min(state.next_ngram_start, state.num_seen)
@@ -237,39 +301,47 @@ class LookaheadProposer:
             state.pool.add_ngrams(chunk[skip:], stop - state.next_ngram_start)
             state.next_ngram_start = stop
 
-    # -- Jacobi harvest from the last verification pass ------------------------------
+    # -- Jacobi harvest and lattice from the last verification pass ------------------
 
-    def _harvest_rows(
+    def _verified_rows(
         self, capture: worker.VerificationCapture | None, num_rows: int
-    ) -> dict[int, tuple[list[int], list[int]]]:
-        """Row -> (verified draft, target predictions after each input position)."""
-        if capture is None or not self.options.harvest_jacobi:
+    ) -> dict[int, "_Verified"]:
+        if capture is None or not (self.options.harvest_jacobi or self.capture_top_k):
             return {}
         if len(capture.num_draft_tokens) != num_rows:  # e.g. vLLM's warm-up dummy run
             return {}
         drafts = capture.draft_token_ids.tolist()
         argmax = capture.target_argmax.tolist()
         bonus = capture.bonus_token_ids.tolist()
+        top_ids = top_logprobs = None
+        if capture.target_top_ids is not None:
+            top_ids = capture.target_top_ids.tolist()
+            top_logprobs = capture.target_top_logprobs.tolist()
         rows, offset = {}, 0
         for row, count in enumerate(capture.num_draft_tokens):
             if count:
-                rows[row] = (drafts[offset : offset + count],
-                             argmax[offset : offset + count] + [bonus[row]])
+                end = offset + count
+                rows[row] = _Verified(
+                    drafts[offset:end], argmax[offset:end] + [bonus[row]],
+                    None if top_ids is None else top_ids[offset:end],
+                    None if top_logprobs is None else top_logprobs[offset:end])
             offset += count
         return rows
 
-    def _harvest(
-        self, state: _RequestState, verified: list[int], predictions: list[int], accepted: int
-    ) -> None:
+    @staticmethod
+    def _is_our_draft(state: _RequestState, verified: list[int]) -> bool:
+        """False for a stale capture (the draft verified is not the one proposed)."""
+        return state.draft[: len(verified)] == verified
+
+    def _harvest(self, state: _RequestState, verified: "_Verified", accepted: int) -> None:
         """Add n-grams read off the target's predictions (one Jacobi iteration).
 
-        Input position i holds ``[pending] + verified``; ``predictions[i]`` is the
+        Input position i holds ``[pending] + draft``; ``predictions[i]`` is the
         target's token after it. Windows lying on the accepted output are skipped:
         the context feeds those.
         """
-        if state.draft[: len(verified)] != verified:  # not our draft (stale capture)
-            return
-        inputs = [state.pending_token, *verified]
+        predictions = verified.predictions
+        inputs = [state.pending_token, *verified.draft]
         span = self.options.ngram_size - 1
         harvested = 0
         for i in range(len(inputs) - span + 1):
@@ -306,22 +378,41 @@ class LookaheadProposer:
             opts.suffix_match_max, min_prob, self._match_out, self._match_count,
             self._match_len, self._match_prob,
         )
+        # per row: (match from the corpus, matched tokens, lattice tokens after them)
+        sources: list[tuple[bool, int, int]] = []
         for b, (row, state) in enumerate(zip(rows, states)):
             limit = int(limits[b])
             draft, prob, from_corpus = self._matched_continuation(
                 b, token_ids_cpu[row], int(num_tokens[b]), limit)
             matched = len(draft)
-            self._fill_from_pool(state, draft, limit, prob)
-            state.draft = drafts[row] = draft
+            from_lattice = self._fill_from_pool(state, draft, limit, prob)
+            drafts[row] = draft
+            sources.append((from_corpus, matched, from_lattice))
+        if opts.cost_aware_drafts:
+            self._cut_to_budget([drafts[row] for row in rows], states)
+        for row, state, (from_corpus, matched, from_lattice) in zip(rows, states, sources):
+            draft = state.draft = drafts[row]
             if draft:
+                matched = min(matched, len(draft))
+                from_lattice = min(from_lattice, len(draft) - matched)
                 self._stats.drafts += 1
                 self._stats.draft_tokens += len(draft)
                 if from_corpus:
                     self._stats.corpus_tokens += matched
                 else:
                     self._stats.suffix_tokens += matched
-                self._stats.pool_tokens += len(draft) - matched
+                self._stats.lattice_tokens += from_lattice
+                self._stats.pool_tokens += len(draft) - matched - from_lattice
         return drafts
+
+    def _cut_to_budget(self, drafts: list[list[int]], states: list[_RequestState]) -> None:
+        """Shorten drafts (in place) to the tokens the step's compute affords."""
+        lengths = np.array([len(draft) for draft in drafts])
+        rates = np.array([state.accept_rate for state in states])
+        kept = affordable_draft_lengths(lengths, rates, self._cost_model.free_tokens())
+        for draft, keep in zip(drafts, kept.tolist()):
+            self._stats.cut_tokens += len(draft) - keep
+            del draft[keep:]
 
     def _matched_continuation(
         self, b: int, tokens: np.ndarray, num_tokens: int, limit: int
@@ -341,16 +432,51 @@ class LookaheadProposer:
 
     def _fill_from_pool(
         self, state: _RequestState, draft: list[int], limit: int, prob: float
-    ) -> None:
+    ) -> int:
         """Extend ``draft`` towards ``limit`` tokens by chained lookups in the request's
-        pool while the draft's probability estimate stays at or above ``draft_min_prob``."""
+        pool while the draft's probability estimate stays at or above ``draft_min_prob``.
+        Returns how many of the added tokens are the lattice's path (draft rescoring)."""
+        from_lattice = 0
         key = draft[-1] if draft else state.pending_token
         while len(draft) < limit:
-            best = state.pool.best(key, self.options.guess_set_size)
+            if not draft and state.lattice is not None:
+                best, is_lattice_path = self._rescored(state, key)
+            else:
+                best, is_lattice_path = state.pool.best(key, self.options.guess_set_size), False
             if best is None or prob * best[1] < state.draft_min_prob:
                 break
             continuation, share = best
             prob *= share
             draft.extend(continuation)
             key = continuation[-1]
+            if is_lattice_path:
+                from_lattice = len(continuation)
         del draft[limit:]
+        return from_lattice
+
+    def _rescored(self, state: _RequestState, key: int
+                  ) -> tuple[tuple[Continuation, float] | None, bool]:
+        """The best continuation of ``key`` (the bonus token) by draft rescoring.
+
+        Candidates: the pool's entries for ``key`` and the lattice's top path. Each is
+        scored by its n-gram frequency in the pool (add-one smoothed) times the
+        probability the lattice gives its tokens (a token outside a column's top-k
+        gets that column's lowest listed probability); the estimate passed on is the
+        candidate's share of the scores. Returns (candidate, estimate), from the lattice.
+        """
+        ids, logprobs = state.lattice
+        counts = dict(state.pool.candidates(key, self.options.guess_set_size))
+        top_path = tuple(column[0] for column in ids[: self.options.ngram_size - 1])
+        from_pool = top_path in counts
+        counts.setdefault(top_path, 0)
+        scores = {}
+        for continuation, count in counts.items():
+            score = math.log(count + 1)
+            for column, column_logprobs, token in zip(ids, logprobs, continuation):
+                score += (column_logprobs[column.index(token)] if token in column
+                          else column_logprobs[-1])
+            scores[continuation] = score
+        best = max(scores, key=scores.__getitem__)  # ties: the pool's newest first
+        top = scores[best]
+        share = 1.0 / sum(math.exp(score - top) for score in scores.values())
+        return (best, share), best == top_path and not from_pool

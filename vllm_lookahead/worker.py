@@ -9,8 +9,8 @@ once per process; the runner and sampler patches only in worker processes.
 |---|---|---|---|
 | ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0 (CPU, mp executor, TP 1 and 2) |
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | wrapped | hands the runner to a drafter with ``bind_model_runner`` (request ids per batch row) and registers it as verification observer | 0.32.0 (CPU) |
-| ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once | 0.32.0 (CPU) |
-| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p | 0.32.0 (CPU) |
+| ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count (the drafter times the pass until ``propose``) | 0.32.0 (CPU) |
+| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax (and, if the drafter asks, its top-k with log-probabilities) at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p | 0.32.0 (CPU) |
 | ``vllm.distributed.get_tp_group().broadcast_object`` | called | MTAD drafts on the first tensor-parallel rank only and broadcasts them | 0.32.0 (CPU, TP 2) |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0 (CPU) |
 """
@@ -39,9 +39,14 @@ class VerificationCapture:
     draft_token_ids: torch.Tensor  # [sum(num_draft_tokens)]
     target_argmax: torch.Tensor  # [sum(num_draft_tokens)]
     bonus_token_ids: torch.Tensor  # [rows]
+    # the observer's ``capture_top_k`` most likely tokens at each position, if it asks
+    target_top_ids: torch.Tensor | None = None  # [sum(num_draft_tokens), k]
+    target_top_logprobs: torch.Tensor | None = None  # [sum(num_draft_tokens), k]
 
 
 class VerificationObserver(Protocol):
+    capture_top_k: int  # 0: argmax only
+
     def on_verification(self, capture: VerificationCapture) -> None: ...
 
 
@@ -92,7 +97,7 @@ def _binding_init(original):
         if hasattr(drafter, "bind_model_runner"):
             drafter.bind_model_runner(self)
         if hasattr(drafter, "on_requests_removed") and hasattr(self, "_update_states"):
-            _notify_removed_requests(self, drafter)
+            _observe_scheduler_output(self, drafter)
         global _observer, _acceptance_rule
         if hasattr(drafter, "on_verification"):
             _observer = drafter
@@ -102,10 +107,13 @@ def _binding_init(original):
     return __init__
 
 
-def _notify_removed_requests(runner: Any, drafter: Any) -> None:
+def _observe_scheduler_output(runner: Any, drafter: Any) -> None:
     original = runner._update_states
+    step_started = getattr(drafter, "on_step_start", None)
 
     def _update_states(scheduler_output, *args, **kwargs):
+        if step_started is not None:
+            step_started(scheduler_output.total_num_scheduled_tokens)
         result = original(scheduler_output, *args, **kwargs)
         finished = scheduler_output.finished_req_ids  # aborted ones included
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
@@ -123,13 +131,7 @@ def _hooked_rejection_sample(original):
     ):
         if _observer is not None:
             _observer.on_verification(
-                VerificationCapture(
-                    num_draft_tokens=list(num_draft_tokens),
-                    draft_token_ids=draft_token_ids,
-                    target_argmax=target_logits.argmax(dim=-1),
-                    bonus_token_ids=bonus_token_ids.view(-1),
-                )
-            )
+                _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids))
         if _acceptance_rule is not None:
             sampling_metadata = args[0] if args else kwargs["sampling_metadata"]
             output = _acceptance_rule(draft_token_ids, list(num_draft_tokens), max_spec_len,
@@ -142,6 +144,21 @@ def _hooked_rejection_sample(original):
         )
 
     return rejection_sample
+
+
+def _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids
+             ) -> VerificationCapture:
+    capture = VerificationCapture(
+        num_draft_tokens=list(num_draft_tokens),
+        draft_token_ids=draft_token_ids,
+        target_argmax=target_logits.argmax(dim=-1),
+        bonus_token_ids=bonus_token_ids.view(-1),
+    )
+    top_k = min(getattr(_observer, "capture_top_k", 0), target_logits.shape[-1])
+    if top_k and target_logits.shape[0]:
+        values, capture.target_top_ids = target_logits.topk(top_k, dim=-1)
+        capture.target_top_logprobs = values - target_logits.logsumexp(-1, keepdim=True)
+    return capture
 
 
 def _cpu_expand_is_broken() -> bool:

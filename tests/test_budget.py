@@ -1,0 +1,59 @@
+"""Draft budget under load: the cost fit and the choice of draft tokens to keep."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from vllm_lookahead.budget import MIN_SAMPLES, StepCostModel, affordable_draft_lengths
+
+
+def test_cost_model_recovers_fixed_and_per_token_cost():
+    model = StepCostModel()
+    rng = np.random.default_rng(0)
+    for n in rng.integers(1, 200, size=MIN_SAMPLES - 1):
+        model.add(int(n), 0.030 + 0.0005 * n)
+    assert math.isinf(model.free_tokens())  # too few passes timed yet
+    model.add(100, 0.030 + 0.0005 * 100)
+    assert model.free_tokens() == pytest.approx(60.0)
+
+
+@pytest.mark.parametrize("seconds", [lambda n: 0.05, lambda n: 0.05 - 1e-5 * n])
+def test_cost_model_cuts_nothing_when_tokens_look_free(seconds):
+    model = StepCostModel()
+    for n in range(1, 2 * MIN_SAMPLES):
+        model.add(n, seconds(n))
+    assert math.isinf(model.free_tokens())
+    assert affordable_draft_lengths(np.array([5, 7]), np.array([0.1, 0.2]),
+                                    model.free_tokens()).tolist() == [5, 7]
+
+
+def expected_rate(lengths, kept, rates, free_tokens):
+    expected = len(lengths) + sum(rate ** j for keep, rate in zip(kept, rates)
+                                  for j in range(1, keep + 1))
+    return expected / (free_tokens + len(lengths) + sum(kept))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_kept_drafts_maximize_expected_tokens_per_cost(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 5, size=rng.integers(1, 5))
+    rates = rng.uniform(0.05, 0.95, size=len(lengths))
+    free_tokens = float(rng.choice([0.0, 2.0, 10.0, 50.0]))
+    kept = affordable_draft_lengths(lengths, rates, free_tokens)
+    assert all(0 <= k <= n for k, n in zip(kept, lengths))
+    best = max(expected_rate(lengths, choice, rates, free_tokens)
+               for choice in itertools.product(*(range(n + 1) for n in lengths)))
+    assert expected_rate(lengths, kept, rates, free_tokens) == pytest.approx(best)
+
+
+def test_load_cuts_drafts_and_confident_requests_keep_more():
+    lengths, rates = np.full(32, 8), np.where(np.arange(32) < 16, 0.9, 0.4)
+    alone = affordable_draft_lengths(lengths[:1], rates[:1], free_tokens=20.0)
+    loaded = affordable_draft_lengths(lengths, rates, free_tokens=20.0)
+    assert alone.tolist() == [8]
+    assert loaded[:16].min() > loaded[16:].max()
+    assert loaded.sum() < lengths.sum() / 2

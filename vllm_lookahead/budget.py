@@ -1,0 +1,85 @@
+"""Draft budget under load: keep only the draft tokens that pay for their compute.
+
+Every draft token is computed by the target. At batch size 1 a forward pass costs
+nearly the same for 1 or 20 tokens, so a draft token that is rarely accepted is
+still worth proposing; with 32 requests in the batch the pass is compute-bound and
+every token adds to its time. The proposer therefore fits the pass time against its
+token count online (``StepCostModel``: t = a + b n over recent passes) and keeps a
+draft token only while it raises the expected tokens per second of the whole step
+(``affordable_draft_lengths``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: Passes timed before the fit is trusted; until then no draft is cut.
+MIN_SAMPLES = 32
+#: Recent passes the fit uses (older ones are overwritten).
+WINDOW = 512
+
+
+class StepCostModel:
+    """Least-squares fit of a forward pass's seconds against its scheduled tokens."""
+
+    def __init__(self, window: int = WINDOW):
+        self._tokens = np.zeros(window)
+        self._seconds = np.zeros(window)
+        self._count = 0
+
+    def add(self, num_tokens: int, seconds: float) -> None:
+        slot = self._count % len(self._tokens)
+        self._tokens[slot] = num_tokens
+        self._seconds[slot] = seconds
+        self._count += 1
+
+    def free_tokens(self) -> float:
+        """a / b: the pass's fixed cost in units of one token's marginal cost.
+
+        Infinite (no cut) until ``MIN_SAMPLES`` passes were timed, when the token
+        counts did not vary, or when the fitted marginal cost is not positive.
+        """
+        if self._count < MIN_SAMPLES:
+            return math.inf
+        n = self._tokens[: self._count]
+        t = self._seconds[: self._count]
+        variance = n.var()
+        if variance < 1e-9:
+            return math.inf
+        slope = ((n - n.mean()) * (t - t.mean())).mean() / variance
+        if slope <= 0:
+            return math.inf
+        return max(t.mean() - slope * n.mean(), 0.0) / slope
+
+
+def affordable_draft_lengths(
+    lengths: np.ndarray, accept_rates: np.ndarray, free_tokens: float
+) -> np.ndarray:
+    """How many leading tokens of each request's draft to keep.
+
+    Request r's j-th draft token is accepted with probability ``accept_rates[r] ** j``
+    (a geometric model of its recent acceptance). Tokens are taken in order of that
+    probability while each one raises the step's expected tokens per unit of cost:
+    with E expected tokens (one per request, plus the kept tokens' probabilities) at
+    cost C = ``free_tokens`` + requests + kept tokens, a token of probability p is
+    kept iff p >= E / C. Probabilities fall along each draft, so every request keeps
+    a prefix, and the kept set is a prefix of the ordering.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0 or math.isinf(free_tokens):
+        return lengths
+    num_requests = len(lengths)
+    owner = np.repeat(np.arange(num_requests), lengths)
+    starts = np.cumsum(lengths) - lengths
+    position = np.arange(total) - np.repeat(starts, lengths) + 1
+    prob = np.asarray(accept_rates, dtype=np.float64)[owner] ** position
+    order = np.argsort(-prob, kind="stable")
+    prob = prob[order]
+    expected_before = num_requests + np.concatenate(([0.0], np.cumsum(prob)[:-1]))
+    cost_before = free_tokens + num_requests + np.arange(total)
+    pays = prob * cost_before >= expected_before
+    kept = total if pays.all() else int(np.argmin(pays))
+    return np.bincount(owner[order[:kept]], minlength=num_requests)
