@@ -386,8 +386,10 @@ def test_expensive_tokens_cut_drafts_under_load(cost_aware):
     # passes timed at 10 ms per token and no fixed cost: a draft token pays only if
     # accepted at least as often as a pass yields tokens per token computed (1 here)
     for n in range(MIN_SAMPLES):
-        proposer.on_step_start(8 + n)
+        proposer.on_step_start(8 + n, decode_only=True)
         proposer._step_start = (proposer._step_start[0] - 0.01 * (8 + n), 8 + n)
+        batch.propose(proposer, [[3]] * 8)
+        proposer.on_step_start(500, decode_only=False)  # a prefill step: not timed
         batch.propose(proposer, [[3]] * 8)
     lengths = list(map(len, batch.propose(proposer, [[3]] * 8)))
     assert lengths == ([0] * 8 if cost_aware else [4] * 8)
@@ -398,3 +400,11 @@ def test_unbound_runner_fails_at_load_model():
     config = fake_vllm_config(2, MAX_LEN)
     with pytest.raises(RuntimeError, match="not bound"):
         LookaheadProposer(config).load_model(None)
+
+
+def test_decode_only_steps_are_told_apart_from_prefill_steps():
+    def step(scheduled, drafts):
+        return SimpleNamespace(num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens=drafts)
+
+    assert worker._is_decode_only(step({"a": 1, "b": 4}, {"b": [7, 8, 9]}))
+    assert not worker._is_decode_only(step({"a": 1, "b": 64}, {}))  # b's prompt chunk

@@ -19,6 +19,8 @@ import numpy as np
 MIN_SAMPLES = 32
 #: Recent passes the fit uses (older ones are overwritten).
 WINDOW = 512
+#: Passes between two fits.
+REFIT_INTERVAL = 16
 
 
 class StepCostModel:
@@ -28,6 +30,8 @@ class StepCostModel:
         self._tokens = np.zeros(window)
         self._seconds = np.zeros(window)
         self._count = 0
+        self._fit = math.inf
+        self._fitted_at = 0
 
     def add(self, num_tokens: int, seconds: float) -> None:
         slot = self._count % len(self._tokens)
@@ -39,8 +43,16 @@ class StepCostModel:
         """a / b: the pass's fixed cost in units of one token's marginal cost.
 
         Infinite (no cut) until ``MIN_SAMPLES`` passes were timed, when the token
-        counts did not vary, or when the fitted marginal cost is not positive.
+        counts did not vary, or when the fitted marginal cost is not positive. Refitted
+        every ``REFIT_INTERVAL`` passes.
         """
+        crossed_minimum = self._fitted_at < MIN_SAMPLES <= self._count
+        if crossed_minimum or self._count - self._fitted_at >= REFIT_INTERVAL:
+            self._fit = self._refit()
+            self._fitted_at = self._count
+        return self._fit
+
+    def _refit(self) -> float:
         if self._count < MIN_SAMPLES:
             return math.inf
         n = self._tokens[: self._count]

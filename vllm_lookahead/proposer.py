@@ -170,9 +170,13 @@ class LookaheadProposer:
     def on_verification(self, capture: worker.VerificationCapture) -> None:
         self._capture = capture
 
-    def on_step_start(self, num_scheduled_tokens: int) -> None:
-        """The runner starts a step: its time until ``propose`` is the pass's cost."""
-        self._step_start = (time.perf_counter(), num_scheduled_tokens)
+    def on_step_start(self, num_scheduled_tokens: int, decode_only: bool) -> None:
+        """The runner starts a step: its time until ``propose`` is the pass's cost.
+
+        Only decode steps are timed: a prompt token costs more than a draft token
+        (attention over the whole prompt), and drafts are never cut in prefill time.
+        """
+        self._step_start = (time.perf_counter(), num_scheduled_tokens) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         """Free state; a finished (or aborted) request's output joins the corpus."""

@@ -9,7 +9,7 @@ once per process; the runner and sampler patches only in worker processes.
 |---|---|---|---|
 | ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0 (CPU, mp executor, TP 1 and 2) |
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | wrapped | hands the runner to a drafter with ``bind_model_runner`` (request ids per batch row) and registers it as verification observer | 0.32.0 (CPU) |
-| ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count (the drafter times the pass until ``propose``) | 0.32.0 (CPU) |
+| ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count and whether it holds prompt tokens (the drafter times decode passes until ``propose``) | 0.32.0 (CPU) |
 | ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax (and, if the drafter asks, its top-k with log-probabilities) at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p | 0.32.0 (CPU) |
 | ``vllm.distributed.get_tp_group().broadcast_object`` | called | MTAD drafts on the first tensor-parallel rank only and broadcasts them | 0.32.0 (CPU, TP 2) |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0 (CPU) |
@@ -113,7 +113,8 @@ def _observe_scheduler_output(runner: Any, drafter: Any) -> None:
 
     def _update_states(scheduler_output, *args, **kwargs):
         if step_started is not None:
-            step_started(scheduler_output.total_num_scheduled_tokens)
+            step_started(scheduler_output.total_num_scheduled_tokens,
+                         _is_decode_only(scheduler_output))
         result = original(scheduler_output, *args, **kwargs)
         finished = scheduler_output.finished_req_ids  # aborted ones included
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
@@ -122,6 +123,13 @@ def _observe_scheduler_output(runner: Any, drafter: Any) -> None:
         return result
 
     runner._update_states = _update_states
+
+
+def _is_decode_only(scheduler_output: Any) -> bool:
+    """No prompt token in the step: each request computes one token plus its draft."""
+    drafts = scheduler_output.scheduled_spec_decode_tokens
+    return all(count == 1 + len(drafts.get(req_id, ()))
+               for req_id, count in scheduler_output.num_scheduled_tokens.items())
 
 
 def _hooked_rejection_sample(original):
