@@ -8,7 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from vllm_lookahead.budget import MIN_SAMPLES, StepCostModel, affordable_draft_lengths
+from vllm_lookahead.budget import (
+    MIN_SAMPLES,
+    AcceptanceByDepth,
+    StepCostModel,
+    affordable_draft_lengths,
+)
 
 
 def test_cost_model_recovers_fixed_and_per_token_cost():
@@ -27,33 +32,46 @@ def test_cost_model_cuts_nothing_when_tokens_look_free(seconds):
     for n in range(1, 2 * MIN_SAMPLES):
         model.add(n, seconds(n))
     assert math.isinf(model.free_tokens())
-    assert affordable_draft_lengths(np.array([5, 7]), np.array([0.1, 0.2]),
+    assert affordable_draft_lengths(np.array([5, 7]), np.array([0.1, 0.2]), np.ones(8),
                                     model.free_tokens()).tolist() == [5, 7]
 
 
-def expected_rate(lengths, kept, rates, free_tokens):
-    expected = len(lengths) + sum(rate ** j for keep, rate in zip(kept, rates)
-                                  for j in range(1, keep + 1))
-    return expected / (free_tokens + len(lengths) + sum(kept))
+def test_acceptance_by_depth_conditions_on_the_tokens_before():
+    depth = AcceptanceByDepth(max_depth=4, decay=1.0)
+    # copied spans: all or nothing; 10 drafts of 4, half fully accepted, half rejected at 1
+    depth.add([4] * 10, [4, 0] * 5)
+    survival = depth.survival()
+    assert survival[0] == 1.0
+    assert survival[1:] == pytest.approx(np.cumprod([6 / 7] * 3))  # (5 + 1) / (5 + 2)
+    depth.add([4], [1])  # a rejection at the second position lowers it
+    assert depth.survival()[1] == pytest.approx(6 / 8)
+
+
+def expected_rate(kept, probs, free_tokens):
+    expected = len(kept) + sum(sum(p[:keep]) for keep, p in zip(kept, probs))
+    return expected / (free_tokens + len(kept) + sum(kept))
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_kept_drafts_maximize_expected_tokens_per_cost(seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, 5, size=rng.integers(1, 5))
-    rates = rng.uniform(0.05, 0.95, size=len(lengths))
+    first_rates = rng.uniform(0.05, 0.95, size=len(lengths))
+    survival = np.cumprod(np.concatenate(([1.0], rng.uniform(0.2, 1.0, size=4))))
     free_tokens = float(rng.choice([0.0, 2.0, 10.0, 50.0]))
-    kept = affordable_draft_lengths(lengths, rates, free_tokens)
+    kept = affordable_draft_lengths(lengths, first_rates, survival, free_tokens)
     assert all(0 <= k <= n for k, n in zip(kept, lengths))
-    best = max(expected_rate(lengths, choice, rates, free_tokens)
+    probs = [rate * survival[:n] for rate, n in zip(first_rates, lengths)]
+    best = max(expected_rate(choice, probs, free_tokens)
                for choice in itertools.product(*(range(n + 1) for n in lengths)))
-    assert expected_rate(lengths, kept, rates, free_tokens) == pytest.approx(best)
+    assert expected_rate(kept, probs, free_tokens) == pytest.approx(best)
 
 
 def test_load_cuts_drafts_and_confident_requests_keep_more():
     lengths, rates = np.full(32, 8), np.where(np.arange(32) < 16, 0.9, 0.4)
-    alone = affordable_draft_lengths(lengths[:1], rates[:1], free_tokens=20.0)
-    loaded = affordable_draft_lengths(lengths, rates, free_tokens=20.0)
+    survival = 0.8 ** np.arange(8)
+    alone = affordable_draft_lengths(lengths[:1], rates[:1], survival, free_tokens=20.0)
+    loaded = affordable_draft_lengths(lengths, rates, survival, free_tokens=20.0)
     assert alone.tolist() == [8]
     assert loaded[:16].min() > loaded[16:].max()
     assert loaded.sum() < lengths.sum() / 2

@@ -66,18 +66,47 @@ class StepCostModel:
         return max(t.mean() - slope * n.mean(), 0.0) / slope
 
 
+class AcceptanceByDepth:
+    """Worker-wide acceptance by draft position, from recent verifications.
+
+    ``survival()[j-1]`` estimates P(token j accepted | token 1 accepted). Acceptance is
+    far from geometric: a draft whose first tokens were right (a copied span) tends to
+    stay right, so deep tokens are conditioned on the ones before them, per position.
+    """
+
+    def __init__(self, max_depth: int, decay: float = 0.99):
+        self._reached = np.zeros(max_depth)  # verifications that got to position j
+        self._accepted = np.zeros(max_depth)  # ... and accepted it
+        self._decay = decay
+
+    def add(self, draft_lengths: list[int], accepted: list[int]) -> None:
+        """One step's verifications: each draft's length and accepted count."""
+        self._reached *= self._decay
+        self._accepted *= self._decay
+        depth = len(self._reached)
+        for length, count in zip(draft_lengths, accepted):
+            self._reached[: min(count + 1, length, depth)] += 1
+            self._accepted[: min(count, depth)] += 1
+
+    def survival(self) -> np.ndarray:
+        conditional = (self._accepted + 1) / (self._reached + 2)
+        conditional[0] = 1.0
+        return np.cumprod(conditional)
+
+
 def affordable_draft_lengths(
-    lengths: np.ndarray, accept_rates: np.ndarray, free_tokens: float
+    lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, free_tokens: float
 ) -> np.ndarray:
     """How many leading tokens of each request's draft to keep.
 
-    Request r's j-th draft token is accepted with probability ``accept_rates[r] ** j``
-    (a geometric model of its recent acceptance). Tokens are taken in order of that
-    probability while each one raises the step's expected tokens per unit of cost:
-    with E expected tokens (one per request, plus the kept tokens' probabilities) at
-    cost C = ``free_tokens`` + requests + kept tokens, a token of probability p is
-    kept iff p >= E / C. Probabilities fall along each draft, so every request keeps
-    a prefix, and the kept set is a prefix of the ordering.
+    Request r's j-th draft token is accepted with probability
+    ``first_rates[r] * survival[j-1]`` (its own recent first-token acceptance, and the
+    worker's acceptance by depth). Tokens are taken in order of that probability while
+    each one raises the step's expected tokens per unit of cost: with E expected tokens
+    (one per request, plus the kept tokens' probabilities) at cost C = ``free_tokens``
+    + requests + kept tokens, a token of probability p is kept iff p >= E / C.
+    Probabilities do not rise along a draft, so every request keeps a prefix, and the
+    kept set is a prefix of the ordering.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
@@ -86,8 +115,8 @@ def affordable_draft_lengths(
     num_requests = len(lengths)
     owner = np.repeat(np.arange(num_requests), lengths)
     starts = np.cumsum(lengths) - lengths
-    position = np.arange(total) - np.repeat(starts, lengths) + 1
-    prob = np.asarray(accept_rates, dtype=np.float64)[owner] ** position
+    position = np.arange(total) - np.repeat(starts, lengths)
+    prob = np.asarray(first_rates, dtype=np.float64)[owner] * survival[position]
     order = np.argsort(-prob, kind="stable")
     prob = prob[order]
     expected_before = num_requests + np.concatenate(([0.0], np.cumsum(prob)[:-1]))

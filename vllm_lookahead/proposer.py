@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead import worker
-from vllm_lookahead.budget import StepCostModel, affordable_draft_lengths
+from vllm_lookahead.budget import AcceptanceByDepth, StepCostModel, affordable_draft_lengths
 from vllm_lookahead.metrics import SnapshotWriter
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
@@ -52,8 +52,8 @@ logger = logging.getLogger(__name__)
 #: SmolLM2 generations (benchmarks/replay.py) for the best compression per draft token.
 DRAFT_LIMIT_GROWTH = 8
 DRAFT_LIMIT_MARGIN = 3
-#: Per-step decay of a request's acceptance counts (``cost_aware_drafts``): about the
-#: last 10 verified drafts estimate its acceptance rate.
+#: Per-step decay of a request's first-token acceptance counts (``cost_aware_drafts``):
+#: about its last 10 verified drafts estimate its rate.
 ACCEPTANCE_DECAY = 0.9
 
 
@@ -72,14 +72,14 @@ class _RequestState:
     # target's top-k (ids, log-probs) per position after the bonus token, from the
     # Jacobi positions past the last rejection (``rescoring_top_k``)
     lattice: tuple[list[list[int]], list[list[float]]] | None = None
-    # decayed counts of accepted draft tokens and of rejections (one prior each)
-    accepted_tokens: float = 1.0
-    rejections: float = 1.0
+    # decayed counts of verified drafts and of those whose first token was accepted
+    verified_drafts: float = 0.0
+    first_accepted: float = 0.0
 
     @property
-    def accept_rate(self) -> float:
-        """Chance that a draft token is accepted given that the one before it was."""
-        return self.accepted_tokens / (self.accepted_tokens + self.rejections)
+    def first_token_rate(self) -> float:
+        """Chance that the first draft token is accepted (add-one smoothed)."""
+        return (self.first_accepted + 1) / (self.verified_drafts + 2)
 
 
 @dataclass
@@ -141,6 +141,7 @@ class LookaheadProposer:
         self._capture: worker.VerificationCapture | None = None
         self._corpus = ResponseCorpus(self.options.corpus_tokens)
         self._cost_model = StepCostModel()
+        self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
         self._step_start: tuple[float, int] | None = None
         max_rows = vllm_config.scheduler_config.max_num_seqs
         self._match_out = np.zeros((max_rows, self.num_speculative_tokens), dtype=np.int32)
@@ -208,6 +209,7 @@ class LookaheadProposer:
         verified = self._verified_rows(capture, num_rows)
 
         rows, states = [], []
+        verified_lengths, accepted_counts = [], []  # this step's verifications
         for row in range(num_rows):
             if not sampled_token_ids[row]:  # partial prefill chunk: nothing to draft yet
                 continue
@@ -223,12 +225,17 @@ class LookaheadProposer:
                 if self.capture_top_k:
                     state.lattice = verified[row].lattice_after(accepted)
             self._adapt_draft_limit(state, accepted)
-            self._count_acceptance(state, accepted)
+            if state.draft:
+                self._count_acceptance(state, accepted)
+                verified_lengths.append(len(state.draft))
+                accepted_counts.append(accepted)
             self._read_context(state, token_ids_cpu[row], num_tokens)
             state.pending_token = int(token_ids_cpu[row, num_tokens - 1])
             rows.append(row)
             states.append(state)
 
+        if self.options.cost_aware_drafts:
+            self._depth_acceptance.add(verified_lengths, accepted_counts)
         drafts = self._draft(rows, states, num_tokens_no_spec, token_ids_cpu, num_rows)
         self._stats.steps += 1
         self._stats.seconds += time.perf_counter() - start
@@ -286,11 +293,8 @@ class LookaheadProposer:
 
     @staticmethod
     def _count_acceptance(state: _RequestState, accepted: int) -> None:
-        if not state.draft:
-            return
-        state.accepted_tokens = ACCEPTANCE_DECAY * state.accepted_tokens + accepted
-        state.rejections = (ACCEPTANCE_DECAY * state.rejections
-                            + (accepted < len(state.draft)))
+        state.verified_drafts = ACCEPTANCE_DECAY * state.verified_drafts + 1
+        state.first_accepted = ACCEPTANCE_DECAY * state.first_accepted + (accepted > 0)
 
     def _read_context(self, state: _RequestState, tokens: np.ndarray, num_tokens: int) -> None:
         """Record the new output tokens and add the n-grams completed since last step."""
@@ -411,9 +415,13 @@ class LookaheadProposer:
 
     def _cut_to_budget(self, drafts: list[list[int]], states: list[_RequestState]) -> None:
         """Shorten drafts (in place) to the tokens the step's compute affords."""
+        free_tokens = self._cost_model.free_tokens()
+        if math.isinf(free_tokens):
+            return
         lengths = np.array([len(draft) for draft in drafts])
-        rates = np.array([state.accept_rate for state in states])
-        kept = affordable_draft_lengths(lengths, rates, self._cost_model.free_tokens())
+        rates = np.array([state.first_token_rate for state in states])
+        kept = affordable_draft_lengths(lengths, rates, self._depth_acceptance.survival(),
+                                        free_tokens)
         for draft, keep in zip(drafts, kept.tolist()):
             self._stats.cut_tokens += len(draft) - keep
             del draft[keep:]
