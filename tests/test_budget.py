@@ -41,10 +41,22 @@ def test_acceptance_by_depth_conditions_on_the_tokens_before():
     # copied spans: all or nothing; 10 drafts of 4, half fully accepted, half rejected at 1
     depth.add([4] * 10, [4, 0] * 5)
     survival = depth.survival()
+    # position 2: 5 of 5 accepted, smoothed towards 0.5 by 2 pseudo-verifications;
+    # the deeper ones smoothed towards the rate before them
+    rates = [(5 + 2 * 0.5) / 7]
+    rates += [(5 + 2 * rates[-1]) / 7]
+    rates += [(5 + 2 * rates[-1]) / 7]
     assert survival[0] == 1.0
-    assert survival[1:] == pytest.approx(np.cumprod([6 / 7] * 3))  # (5 + 1) / (5 + 2)
+    assert survival[1:] == pytest.approx(np.cumprod(rates))
     depth.add([4], [1])  # a rejection at the second position lowers it
-    assert depth.survival()[1] == pytest.approx(6 / 8)
+    assert depth.survival()[1] == pytest.approx((5 + 2 * 0.5) / 8)
+
+
+def test_sparse_deep_positions_do_not_vanish():
+    depth = AcceptanceByDepth(max_depth=24, decay=1.0)
+    depth.add([4] * 20 + [24], [0] * 20 + [24])  # one long copied span among rejections
+    # one span seen: 0.33 at position 24 (smoothed towards 0.5 at each position: 1e-4)
+    assert depth.survival()[23] > 0.3
 
 
 def expected_rate(kept, probs, free_tokens):

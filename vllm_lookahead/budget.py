@@ -21,6 +21,8 @@ MIN_SAMPLES = 32
 WINDOW = 512
 #: Passes between two fits.
 REFIT_INTERVAL = 16
+#: Pseudo-verifications behind each acceptance-by-depth estimate.
+PRIOR_WEIGHT = 2.0
 
 
 class StepCostModel:
@@ -89,8 +91,15 @@ class AcceptanceByDepth:
             self._accepted[: min(count, depth)] += 1
 
     def survival(self) -> np.ndarray:
-        conditional = (self._accepted + 1) / (self._reached + 2)
-        conditional[0] = 1.0
+        """Deep positions are reached rarely: each rate is smoothed towards the one
+        before it (``PRIOR_WEIGHT`` pseudo-verifications), not towards a constant,
+        which would compound into a vanishing estimate for long copied spans."""
+        conditional = np.ones(len(self._reached))
+        rate = 0.5
+        for j in range(1, len(conditional)):
+            rate = ((self._accepted[j] + PRIOR_WEIGHT * rate)
+                    / (self._reached[j] + PRIOR_WEIGHT))
+            conditional[j] = rate
         return np.cumprod(conditional)
 
 
