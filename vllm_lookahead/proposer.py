@@ -175,7 +175,8 @@ class LookaheadProposer:
         """The runner starts a step: its time until ``propose`` is the pass's cost.
 
         Only decode steps are timed: a prompt token costs more than a draft token
-        (attention over the whole prompt), and drafts are never cut in prefill time.
+        (attention over the whole prompt), so prefill steps would overstate a draft
+        token's cost.
         """
         self._step_start = (time.perf_counter(), num_scheduled_tokens) if decode_only else None
 
@@ -313,7 +314,7 @@ class LookaheadProposer:
 
     def _verified_rows(
         self, capture: worker.VerificationCapture | None, num_rows: int
-    ) -> dict[int, "_Verified"]:
+    ) -> dict[int, _Verified]:
         if capture is None or not (self.options.harvest_jacobi or self.capture_top_k):
             return {}
         if len(capture.num_draft_tokens) != num_rows:  # e.g. vLLM's warm-up dummy run
@@ -341,7 +342,7 @@ class LookaheadProposer:
         """False for a stale capture (the draft verified is not the one proposed)."""
         return state.draft[: len(verified)] == verified
 
-    def _harvest(self, state: _RequestState, verified: "_Verified", accepted: int) -> None:
+    def _harvest(self, state: _RequestState, verified: _Verified, accepted: int) -> None:
         """Add n-grams read off the target's predictions (one Jacobi iteration).
 
         Input position i holds ``[pending] + draft``; ``predictions[i]`` is the
