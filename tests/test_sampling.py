@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import (
     ENGINE_KWARGS,
-    RESCORING,
+    LOOKAHEAD,
     SAMPLES,
     SIGNIFICANCE,
     generate,
@@ -27,7 +27,7 @@ from vllm_lookahead.worker import expand_batch_to_tokens
 
 @pytest.fixture(scope="module")
 def lookahead_llm(llama_path):
-    llm = LLM(llama_path, speculative_config=RESCORING, disable_log_stats=False,
+    llm = LLM(llama_path, speculative_config=LOOKAHEAD, disable_log_stats=False,
               **ENGINE_KWARGS)
     yield llm
     shutdown(llm)
