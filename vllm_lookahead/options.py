@@ -103,10 +103,11 @@ class LookaheadOptions(MethodOptions):
     )
     cost_aware_drafts: bool = option_field(
         True, None,
-        "Under load, cut drafts to the tokens the step's compute affords: the pass time "
-        "is fitted online against its token count, and a draft token is kept only while "
-        "its expected acceptance (from its request's recent rate) raises the expected "
-        "tokens per second of the whole step. At batch size 1 it rarely cuts.",
+        "Under load, cut drafts to the tokens the step's compute affords: the decode pass "
+        "time is fitted online against its token count, and a draft token is kept only "
+        "while its expected acceptance (its request's recent first-token acceptance times "
+        "the worker's acceptance by draft position) raises the expected tokens per second "
+        "of the whole step. At batch size 1 it rarely cuts.",
     )
     corpus_tokens: int = option_field(
         262144, 0,
