@@ -124,10 +124,26 @@ class LookaheadOptions(MethodOptions):
         "the correction token among the pool's entries and the lattice's top path by "
         "pool frequency times lattice probability; 0 turns it off.",
     )
+    tree_candidates: int = option_field(
+        0, 0,
+        "Tree drafts: the pool's most frequent continuations of the last token verified "
+        "beside the main draft in one pass (a token tree with an ancestor-only attention "
+        "mask; CPU attention backend); 0 verifies the main draft alone.",
+    )
+    tree_window: int = option_field(
+        0, 0,
+        "Tree drafts: columns of Lookahead Decoding's Jacobi window (ngram_size - 1 "
+        "levels) run in the same pass; each step harvests one n-gram per column and "
+        "slides the window; 0 turns the window off.",
+    )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "LookaheadOptions":
         options = super().from_dict(values)
+        if options.tree_window and options.ngram_size < 3:
+            raise ValueError(
+                "lookahead: tree_window needs ngram_size >= 3 (its levels are the n-gram's "
+                f"continuation tokens; got ngram_size {options.ngram_size})")
         if options.suffix_match_min > options.suffix_match_max:
             raise ValueError(
                 "lookahead: suffix_match_min must be <= suffix_match_max "

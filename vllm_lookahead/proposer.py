@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ from vllm_lookahead.pool import (
     batch_suffix_match,
     warm_up_suffix_match,
 )
+from vllm_lookahead.tree import TreeBuilder, path_by_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,14 @@ class _RequestState:
     # decayed counts of verified drafts and of those whose first token was accepted
     verified_drafts: float = 0.0
     first_accepted: float = 0.0
+    # tree drafts (``tree_candidates``, ``tree_window``): ``draft`` is the main chain,
+    # the first nodes of the tree; ``tree`` what vLLM was given: (tokens, parents) of
+    # ``[pending_token] + nodes``
+    tree_ok: bool = False  # the request's sampling parameters allow trees
+    tree: tuple[list[int], np.ndarray] | None = None
+    window: list[list[int]] | None = None  # Jacobi window levels, level 0 first
+    # per window column of the last tree: (column, node of its key, its last node)
+    window_columns: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def first_token_rate(self) -> float:
@@ -95,6 +105,8 @@ class ProposerStats:
     corpus_tokens: int = 0
     pool_tokens: int = 0
     lattice_tokens: int = 0  # from the lattice's top path (draft rescoring chose it)
+    tree_nodes: int = 0  # verified beside the main drafts (tree candidates and window)
+    tree_accepted: int = 0  # accepted tokens that were tree nodes off the main draft
     harvested_ngrams: int = 0
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)
@@ -220,16 +232,19 @@ class LookaheadProposer:
             self._stats.generated_tokens += accepted + 1
             self._stats.request_passes += 1
             state.lattice = None
+            main_accepted = self._main_draft_accepted(state, sampled_token_ids[row])
             if row in verified and self._is_our_draft(state, verified[row].draft):
                 if self.options.harvest_jacobi:
-                    self._harvest(state, verified[row], accepted)
+                    self._harvest(state, verified[row], main_accepted)
                 if self.capture_top_k:
                     state.lattice = verified[row].lattice_after(accepted)
-            self._adapt_draft_limit(state, accepted)
+                if state.window_columns:
+                    self._slide_window(state, verified[row].predictions)
+            self._adapt_draft_limit(state, main_accepted)
             if state.draft:
                 self._count_acceptance(state, accepted)
                 verified_lengths.append(len(state.draft))
-                accepted_counts.append(accepted)
+                accepted_counts.append(main_accepted)
             self._read_context(state, token_ids_cpu[row], num_tokens)
             state.pending_token = int(token_ids_cpu[row, num_tokens - 1])
             rows.append(row)
@@ -265,6 +280,7 @@ class LookaheadProposer:
                                             self.num_speculative_tokens)
             state.draft_min_prob = overrides.get("draft_min_prob", opts.draft_min_prob)
             state.draft_limit = state.max_draft
+            state.tree_ok = _allows_trees(worker.sampling_params(self._runner, req_id))
         return state
 
     def _request_overrides(self, req_id: str) -> dict[str, Any]:
@@ -315,7 +331,8 @@ class LookaheadProposer:
     def _verified_rows(
         self, capture: worker.VerificationCapture | None, num_rows: int
     ) -> dict[int, _Verified]:
-        if capture is None or not (self.options.harvest_jacobi or self.capture_top_k):
+        if capture is None or not (self.options.harvest_jacobi or self.capture_top_k
+                                   or self.options.tree_window):
             return {}
         if len(capture.num_draft_tokens) != num_rows:  # e.g. vLLM's warm-up dummy run
             return {}
@@ -340,7 +357,31 @@ class LookaheadProposer:
     @staticmethod
     def _is_our_draft(state: _RequestState, verified: list[int]) -> bool:
         """False for a stale capture (the draft verified is not the one proposed)."""
-        return state.draft[: len(verified)] == verified
+        proposed = state.tree[0][1:] if state.tree else state.draft
+        return proposed[: len(verified)] == verified
+
+    def _main_draft_accepted(self, state: _RequestState, emitted: list[int]) -> int:
+        """Accepted tokens of the main draft (all accepted tokens for a linear draft)."""
+        if state.tree is None:
+            return len(emitted) - 1
+        tokens, parents = state.tree
+        path = path_by_tokens(parents, tokens, emitted)
+        on_main = 0
+        while on_main < len(path) and path[on_main] == on_main + 1 <= len(state.draft):
+            on_main += 1
+        self._stats.tree_accepted += len(path) - on_main
+        return on_main
+
+    def draft_tree(self, req_id: str, scheduled: list[int]) -> np.ndarray | None:
+        """Parents of ``[root] + scheduled`` if the request's draft is a tree (worker.py
+        asks when it prepares the step); None verifies it as a linear draft."""
+        state = self._states.get(req_id)
+        if state is None or state.tree is None:
+            return None
+        tokens, parents = state.tree
+        if tokens[1 : len(scheduled) + 1] != scheduled:
+            return None
+        return parents[: len(scheduled) + 1]
 
     def _harvest(self, state: _RequestState, verified: _Verified, accepted: int) -> None:
         """Add n-grams read off the target's predictions (one Jacobi iteration).
@@ -349,8 +390,9 @@ class LookaheadProposer:
         target's token after it. Windows lying on the accepted output are skipped:
         the context feeds those.
         """
-        predictions = verified.predictions
-        inputs = [state.pending_token, *verified.draft]
+        main = len(state.draft)  # a tree's other nodes are not a chain after them
+        predictions = verified.predictions[: main + 1]
+        inputs = [state.pending_token, *verified.draft[:main]]
         span = self.options.ngram_size - 1
         harvested = 0
         for i in range(len(inputs) - span + 1):
@@ -399,8 +441,12 @@ class LookaheadProposer:
             sources.append((from_corpus, matched, from_lattice))
         if opts.cost_aware_drafts:
             self._cut_to_budget([drafts[row] for row in rows], states)
-        for row, state, (from_corpus, matched, from_lattice) in zip(rows, states, sources):
-            draft = state.draft = drafts[row]
+        main_drafts = [list(drafts[row]) for row in rows]
+        if opts.tree_candidates or opts.tree_window:
+            self._grow_trees(rows, states, drafts, token_ids_cpu, num_tokens)
+        for row, state, main, (from_corpus, matched, from_lattice) in zip(
+                rows, states, main_drafts, sources):
+            draft = state.draft = main
             if draft:
                 matched = min(matched, len(draft))
                 from_lattice = min(from_lattice, len(draft) - matched)
@@ -413,6 +459,79 @@ class LookaheadProposer:
                 self._stats.lattice_tokens += from_lattice
                 self._stats.pool_tokens += len(draft) - matched - from_lattice
         return drafts
+
+    def _grow_trees(self, rows: list[int], states: list[_RequestState],
+                    drafts: list[list[int]], token_ids_cpu: np.ndarray,
+                    num_tokens: np.ndarray) -> None:
+        """Turn each main draft (in ``drafts``, replaced) into a token tree: the main
+        draft first, then the pool's most frequent continuations of the last token
+        (``tree_candidates``), then the Jacobi window (``tree_window``). Each request
+        gets at most its K nodes; under load, the step adds no more nodes than the cost
+        model says are nearly free, so trees shrink before main drafts do."""
+        opts = self.options
+        spare = self._cost_model.free_tokens() - sum(len(drafts[row]) + 1 for row in rows)
+        for b, (row, state) in enumerate(zip(rows, states)):
+            state.tree, state.window_columns = None, []
+            main = drafts[row]
+            cap = min(state.max_draft, self.max_model_len - int(num_tokens[b]) - 1,
+                      len(main) + max(0, int(min(spare, 1 << 30))))
+            if not state.tree_ok or cap <= len(main):
+                continue
+            builder = TreeBuilder(state.pending_token, cap)
+            builder.add_chain(main)
+            if opts.tree_candidates:
+                candidates = state.pool.candidates(
+                    state.pending_token, max(opts.guess_set_size, opts.tree_candidates))
+                candidates.sort(key=lambda item: -item[1])  # stable: newest first on ties
+                for continuation, _ in candidates[: opts.tree_candidates]:
+                    builder.add_chain(list(continuation))
+            if opts.tree_window:
+                self._add_window(state, builder, token_ids_cpu[row], int(num_tokens[b]))
+            added = builder.num_drafted - len(main)
+            if added:
+                spare -= added
+                self._stats.tree_nodes += added
+                state.tree = (builder.tokens, np.array(builder.parents))
+                drafts[row] = builder.draft
+
+    def _add_window(self, state: _RequestState, builder: TreeBuilder, context: np.ndarray,
+                    num_tokens: int) -> None:
+        """Add Lookahead Decoding's window as tree nodes: level 0 is a trunk from the
+        root (columns 1..W-1, column 0 is the root itself) and below the trunk node of
+        each column hang that column's levels 1..N-2, one position further each. The
+        window starts as tokens picked from the prompt (seeded by the prompt, so every
+        tensor-parallel rank picks the same)."""
+        width, levels = self.options.tree_window, self.options.ngram_size - 1
+        if state.window is None:
+            prompt = context[: state.prompt_len]
+            rng = np.random.default_rng(zlib.crc32(prompt.astype(np.int64).tobytes()))
+            picks = rng.integers(0, num_tokens, size=(levels, width))
+            state.window = [[int(context[i]) for i in level] for level in picks]
+        window = state.window
+        column_roots = [0, *builder.add_chain(window[0][1:])]
+        for column, key_node in enumerate(column_roots):
+            nodes = builder.add_chain([window[level][column] for level in range(1, levels)],
+                                      parent=key_node)
+            if len(nodes) < levels - 1:
+                break
+            state.window_columns.append((column, key_node, nodes[-1]))
+
+    def _slide_window(self, state: _RequestState, predictions: list[int]) -> None:
+        """One Jacobi iteration of the window: the target's token after each column's
+        last level is that column's new last level, and completes an n-gram (the column's
+        level-0 token, its levels 1..N-2, the new token) for the pool; the levels move
+        up one (the window advances one position per step, as in the paper)."""
+        tokens = state.tree[0]
+        window = state.window
+        newest = list(window[-1])
+        for column, key_node, last_node in state.window_columns:
+            if last_node >= len(predictions):  # vLLM scheduled fewer nodes
+                continue
+            newest[column] = predictions[last_node]
+            continuation = tuple(level[column] for level in window[1:]) + (newest[column],)
+            state.pool.add(tokens[key_node], continuation)
+            self._stats.harvested_ngrams += 1
+        state.window = [*window[1:], newest]
 
     def _cut_to_budget(self, drafts: list[list[int]], states: list[_RequestState]) -> None:
         """Shorten drafts (in place) to the tokens the step's compute affords."""
@@ -493,3 +612,15 @@ class LookaheadProposer:
         top = scores[best]
         share = 1.0 / sum(math.exp(score - top) for score in scores.values())
         return (best, share), best == top_path and not from_pool
+
+
+def _allows_trees(params: Any) -> bool:
+    """Tree drafts need every node's target distribution to depend on its ancestors
+    only: vLLM applies penalties, bad words, min_tokens, structured output and
+    logprobs by position in the flat draft, so such requests get linear drafts."""
+    if params is None:
+        return False
+    return (params.logprobs is None and params.repetition_penalty == 1.0
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+            and not params.bad_words and not params.min_tokens
+            and getattr(params, "structured_outputs", None) is None)

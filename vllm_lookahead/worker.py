@@ -10,7 +10,10 @@ once per process; the runner and sampler patches only in worker processes.
 | ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0 (CPU, mp executor, TP 1 and 2) |
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | wrapped | hands the runner to a drafter with ``bind_model_runner`` (request ids per batch row) and registers it as verification observer | 0.32.0 (CPU) |
 | ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count and whether it holds prompt tokens (the drafter times decode passes until ``propose``) | 0.32.0 (CPU) |
-| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax (and, if the drafter asks, its top-k with log-probabilities) at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p | 0.32.0 (CPU) |
+| ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE) and records the trees of the step | 0.32.0 (CPU) |
+| ``vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward`` | wrapped | recomputes, for tree nodes off the first chain, attention over the prefix and their ancestors only (the kernel is causal over the flat draft) | 0.32.0 (CPU) |
+| ``impl.do_kv_cache_update`` | called on a scratch cache | learns where the backend stores each token's key and value in a block (the CPU layout depends on the ISA), to read the prefix and to move the accepted path's KV | 0.32.0 (CPU, vec and AMX) |
+| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax (and, if the drafter asks, its top-k with log-probabilities) at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p; verifies tree drafts (longest path the target's greedy choices or samples follow) and moves the accepted path's KV to the positions vLLM expects | 0.32.0 (CPU) |
 | ``vllm.distributed.get_tp_group().broadcast_object`` | called | MTAD drafts on the first tensor-parallel rank only and broadcasts them | 0.32.0 (CPU, TP 2) |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0 (CPU) |
 """
@@ -18,12 +21,14 @@ once per process; the runner and sampler patches only in worker processes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from vllm_lookahead import _patching
+from vllm_lookahead.tree import accepted_path, ancestor_mask, depths_of, is_chain
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +65,34 @@ class AcceptanceRule(Protocol):
                  ) -> torch.Tensor | None: ...
 
 
-# One model runner per worker process, hence one observer and one acceptance rule.
+class TreeSource(Protocol):
+    def draft_tree(self, req_id: str, scheduled: list[int]) -> np.ndarray | None:
+        """Parents of ``[root] + scheduled`` (the request's draft as vLLM scheduled
+        it), or None to verify it as a linear draft."""
+
+
+@dataclass
+class _TreeRow:
+    """One request's tree in this step; node 0 is the root (first scheduled token)."""
+
+    parents: np.ndarray
+    slots: np.ndarray  # KV slot of each node, as vLLM assigned them (linear)
+    off_chain: torch.Tensor  # nodes not on the first chain (causal kernel is wrong there)
+    attention_bias: torch.Tensor  # [len(off_chain), prefix + nodes]: 0 or -inf
+
+
+@dataclass
+class _TreeStep:
+    rows: dict[int, _TreeRow]  # input-batch row -> tree
+    # the KV caches the step's attention used, with their layouts, by data_ptr
+    caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+# One model runner per worker process, hence one observer, one acceptance rule and
+# one step's trees at a time.
 _observer: VerificationObserver | None = None
 _acceptance_rule: AcceptanceRule | None = None
+_tree_step: _TreeStep | None = None
 
 
 def install() -> None:
@@ -85,6 +115,12 @@ def _install_worker_patches() -> None:
 
     _patching.wrap(gpu_model_runner.GPUModelRunner, "__init__", _binding_init)
     _patching.wrap(rejection_sampler, "rejection_sample", _hooked_rejection_sample)
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+        _patching.wrap(CPUAttentionBackendImpl, "forward", _tree_aware_forward)
     if _cpu_expand_is_broken():
         _patching.replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
         logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
@@ -98,6 +134,8 @@ def _binding_init(original):
             drafter.bind_model_runner(self)
         if hasattr(drafter, "on_requests_removed") and hasattr(self, "_update_states"):
             _observe_scheduler_output(self, drafter)
+        if hasattr(drafter, "draft_tree"):
+            _place_tree_nodes(self, drafter)
         global _observer, _acceptance_rule
         if hasattr(drafter, "on_verification"):
             _observer = drafter
@@ -140,18 +178,221 @@ def _hooked_rejection_sample(original):
         if _observer is not None:
             _observer.on_verification(
                 _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids))
+        sampling_metadata = args[0] if args else kwargs["sampling_metadata"]
         if _acceptance_rule is not None:
-            sampling_metadata = args[0] if args else kwargs["sampling_metadata"]
             output = _acceptance_rule(draft_token_ids, list(num_draft_tokens), max_spec_len,
                                       target_logits, bonus_token_ids, sampling_metadata)
             if output is not None:
                 return output
-        return original(
+        output = original(
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
             draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
         )
+        if _tree_step is not None and _tree_step.rows:
+            _verify_trees(_tree_step, output, draft_token_ids, list(num_draft_tokens),
+                          target_logits, bonus_token_ids, sampling_metadata)
+        return output
 
     return rejection_sample
+
+
+# -- tree drafts -------------------------------------------------------------------------
+
+
+def _place_tree_nodes(runner: Any, source: TreeSource) -> None:
+    """Wrap ``runner._prepare_inputs``: vLLM computes positions and KV slots as if the
+    draft were linear; tree nodes keep those slots but get their depth as position."""
+    original = runner._prepare_inputs
+
+    def _prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
+        global _tree_step
+        result = original(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+        _tree_step = _trees_of_step(runner, source, scheduler_output)
+        return result
+
+    runner._prepare_inputs = _prepare_inputs
+
+
+def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any) -> _TreeStep | None:
+    spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+    if not spec_tokens:
+        return None
+    batch = runner.input_batch
+    query_starts = runner.query_start_loc.np
+    slot_mapping = batch.block_table[0].slot_mapping.gpu
+    rows = {}
+    for row, req_id in enumerate(batch.req_ids):
+        scheduled = spec_tokens.get(req_id)
+        if not scheduled:
+            continue
+        parents = source.draft_tree(req_id, list(scheduled))
+        if parents is None or is_chain(parents):
+            continue
+        start, size = int(query_starts[row]), len(parents)
+        base = int(batch.num_computed_tokens_cpu[row])
+        depths = depths_of(parents)
+        runner.positions[start : start + size] = torch.from_numpy(base + depths).to(
+            runner.positions.device)
+        mask = ancestor_mask(parents)
+        # a node whose earlier nodes are all its ancestors: the causal kernel is right
+        on_chain = (mask | ~np.tri(size, dtype=bool)).all(axis=1)
+        off_chain = np.flatnonzero(~on_chain)
+        bias = np.zeros((len(off_chain), base + size), dtype=np.float32)
+        bias[:, base:][~mask[off_chain]] = -np.inf
+        rows[row] = _TreeRow(
+            parents=parents,
+            slots=slot_mapping[start : start + size].cpu().numpy().astype(np.int64),
+            off_chain=torch.from_numpy(off_chain),
+            attention_bias=torch.from_numpy(bias),
+        )
+    return _TreeStep(rows) if rows else None
+
+
+def _tree_aware_forward(original):
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                *args, **kwargs):
+        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                          *args, **kwargs)
+        step = _tree_step
+        if step is not None and attn_metadata is not None and kv_cache.numel():
+            _attend_over_ancestors(self, layer, query, key, value, kv_cache, attn_metadata,
+                                   output, step)
+        return result
+
+    return forward
+
+
+def _attend_over_ancestors(impl, layer, query, key, value, kv_cache, meta, output,
+                           step: _TreeStep) -> None:
+    """Attention of off-chain tree nodes over the prefix (read from the paged cache)
+    and their ancestors (this step's keys and values), in float32."""
+    layout = _kv_layout(impl, layer, kv_cache)
+    step.caches.setdefault(kv_cache.data_ptr(), (kv_cache, layout))
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    heads, head_size = impl.num_heads, impl.head_size
+    group = heads // num_kv_heads
+    regions = kv_cache.view(num_blocks, num_kv_heads, -1)
+    queries = query.view(-1, heads, head_size)
+    keys = key.view(-1, num_kv_heads, head_size)
+    values = value.view(-1, num_kv_heads, head_size)
+    out = output.view(-1, heads, head_size)
+    for row, tree in step.rows.items():
+        start, size = int(meta.query_start_loc[row]), len(tree.parents)
+        prefix = int(meta.seq_lens[row]) - size
+        blocks = meta.block_table[row, : -(-prefix // block_size)].long()
+        cached = regions[blocks][:, :, layout]  # [blocks, kv heads, 2, block, head]
+        cached = cached.permute(2, 1, 0, 3, 4).reshape(2, num_kv_heads, -1, head_size)
+        k = torch.cat([cached[0, :, :prefix], keys[start : start + size].transpose(0, 1)], 1)
+        v = torch.cat([cached[1, :, :prefix], values[start : start + size].transpose(0, 1)], 1)
+        rows = start + tree.off_chain
+        q = queries[rows].view(len(rows), num_kv_heads, group, head_size)
+        q = q.permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_size).float()
+        scores = torch.bmm(q, k.float().transpose(1, 2)) * impl.scale
+        scores = scores.view(num_kv_heads, len(rows), group, -1)
+        scores += tree.attention_bias[None, :, None, :]
+        attended = torch.matmul(scores.softmax(-1).view(num_kv_heads, -1, prefix + size),
+                                v.float())
+        attended = attended.view(num_kv_heads, len(rows), group, head_size)
+        out[rows] = attended.permute(1, 0, 2, 3).reshape(len(rows), heads, head_size).to(
+            out.dtype)
+
+
+_kv_layouts: dict[tuple, torch.Tensor] = {}
+
+
+def _kv_layout(impl, layer, kv_cache: torch.Tensor) -> torch.Tensor:
+    """Where a block stores each token's key and value: ``[2, block_size, head_size]``
+    element indices into one (block, kv head) region of the cache.
+
+    The CPU backend packs keys by ISA (AMX tiles, vector lanes), so the layout is
+    learned by writing bit patterns through the backend's own ``do_kv_cache_update``
+    into a scratch cache, then checked on random data.
+    """
+    _, num_kv_heads, block_size, width = kv_cache.shape
+    signature = (kv_cache.dtype, num_kv_heads, block_size, width, getattr(layer, "isa", None))
+    layout = _kv_layouts.get(signature)
+    if layout is not None:
+        return layout
+    head_size = width // 2
+    region = block_size * width
+    codes = torch.arange(1, 2 * block_size * head_size + 1).view(2, block_size, 1, head_size)
+    codes = codes.expand(2, block_size, num_kv_heads, head_size)
+    slots = torch.arange(block_size)
+    found = torch.zeros(num_kv_heads, region, dtype=torch.long)
+    scratch = kv_cache.new_zeros((1, num_kv_heads, block_size, width))
+    for bit in range(int(codes.max()).bit_length()):
+        bits = ((codes >> bit) & 1).to(kv_cache.dtype)
+        scratch.zero_()
+        impl.do_kv_cache_update(layer, bits[0].contiguous(), bits[1].contiguous(), scratch,
+                                slots)
+        found |= (scratch.view(num_kv_heads, region) != 0).long() << bit
+    layout = torch.full((2 * block_size * head_size,), -1, dtype=torch.long)
+    written = found[0] > 0
+    layout[found[0][written] - 1] = torch.nonzero(written).view(-1)
+    layout = layout.view(2, block_size, head_size)
+    sample = torch.randn(2, block_size, num_kv_heads, head_size).to(kv_cache.dtype)
+    order = torch.randperm(block_size)
+    scratch.zero_()
+    impl.do_kv_cache_update(layer, sample[0][order].contiguous(),
+                            sample[1][order].contiguous(), scratch, slots)
+    read = scratch.view(num_kv_heads, region)[:, layout.clamp(min=0)]  # [heads, 2, blk, d]
+    if (layout < 0).any() or not torch.equal(read.permute(1, 2, 0, 3), sample[:, order]):
+        raise RuntimeError(
+            "vllm-lookahead: tree drafts cannot read this attention backend's KV cache "
+            f"layout ({type(impl).__name__}, {kv_cache.dtype}); set tree_candidates=0 and "
+            "lookahead_window=0 to verify linear drafts")
+    _kv_layouts[signature] = layout
+    return layout
+
+
+def _verify_trees(step: _TreeStep, output: torch.Tensor, draft_token_ids: torch.Tensor,
+                  num_draft_tokens: list[int], target_logits: torch.Tensor,
+                  bonus_token_ids: torch.Tensor, sampling_metadata: Any) -> None:
+    """Replace vLLM's linear verdict for tree rows (in place): follow, from the root,
+    the child whose token the target chose at each node (greedy: its argmax; random:
+    a sample of the processed distribution, which is lossless for point-mass drafts
+    with distinct sibling tokens), emit those tokens and the target's token at the
+    last node; then move the accepted nodes' KV to the positions after the root."""
+    offsets = np.cumsum([0, *num_draft_tokens])
+    temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+    generators = sampling_metadata.generators
+    moves_from, moves_to = [], []
+    for row, tree in step.rows.items():
+        begin, end = int(offsets[row]), int(offsets[row + 1])
+        if end - begin != len(tree.parents) - 1:
+            raise RuntimeError(f"vllm-lookahead: row {row} verified {end - begin} draft "
+                               f"tokens, its tree has {len(tree.parents) - 1}")
+        logits = target_logits[begin:end]
+        if temperature is None or float(temperature[row]) <= 0:
+            predictions = logits.argmax(-1)
+        else:
+            predictions = logits.softmax(-1, dtype=torch.float32).multinomial(
+                1, generator=generators.get(row)).view(-1)
+        predictions = predictions.tolist() + [int(bonus_token_ids.view(-1)[row])]
+        tokens = [-1, *draft_token_ids[begin:end].tolist()]
+        path = accepted_path(tree.parents, tokens, predictions)
+        emitted = [tokens[node] for node in path] + [predictions[path[-1] if path else 0]]
+        output[row].fill_(-1)
+        output[row, : len(emitted)] = torch.tensor(emitted, dtype=output.dtype)
+        for depth, node in enumerate(path, start=1):
+            if node != depth:
+                moves_from.append(tree.slots[node])
+                moves_to.append(tree.slots[depth])
+    if moves_from:
+        _move_kv(step, np.array(moves_from), np.array(moves_to))
+
+
+def _move_kv(step: _TreeStep, sources: np.ndarray, targets: np.ndarray) -> None:
+    """Copy each source slot's key and value to its target slot, in every KV cache the
+    step's attention read (all sources are read before any target is written)."""
+    for cache, layout in step.caches.values():
+        num_blocks, num_kv_heads, block_size, _ = cache.shape
+        elements = layout.permute(1, 0, 2).reshape(block_size, -1)  # [offset, 2 * head]
+        regions = cache.view(num_blocks, num_kv_heads, -1)
+        source_blocks = torch.from_numpy(sources // block_size)[:, None]
+        target_blocks = torch.from_numpy(targets // block_size)[:, None]
+        moved = regions[source_blocks, :, elements[torch.from_numpy(sources % block_size)]]
+        regions[target_blocks, :, elements[torch.from_numpy(targets % block_size)]] = moved
 
 
 def _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids

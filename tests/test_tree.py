@@ -1,0 +1,103 @@
+"""Token trees: the trie, its masks and walks (unit), and tree drafts on the engine:
+bit-exact greedy under chunked prefill and preemption, and the target's distribution
+when sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import (
+    ENGINE_KWARGS,
+    SIGNIFICANCE,
+    STRESSED,
+    TREE,
+    generate,
+    greedy,
+    make_prompts,
+    proposer_stats,
+    same_distribution_pvalue,
+    sample_tokens,
+    shutdown,
+)
+from vllm import LLM, SamplingParams
+
+from vllm_lookahead.proposer import _allows_trees
+from vllm_lookahead.tree import (
+    TreeBuilder,
+    accepted_path,
+    ancestor_mask,
+    depths_of,
+    is_chain,
+    path_by_tokens,
+)
+
+
+def test_chains_sharing_a_prefix_share_nodes_within_the_budget():
+    builder = TreeBuilder(root_token=7, max_nodes=6)
+    assert builder.add_chain([1, 2, 3]) == [1, 2, 3]
+    assert builder.add_chain([1, 5]) == [1, 4]
+    assert builder.add_chain([9, 8, 7], parent=2) == [5, 6]  # budget: 6 nodes
+    assert builder.draft == [1, 2, 3, 5, 9, 8]
+    assert builder.parents == [-1, 0, 1, 2, 1, 2, 5]
+    assert depths_of(np.array(builder.parents)).tolist() == [0, 1, 2, 3, 2, 3, 4]
+
+
+def test_ancestor_mask_and_chains():
+    parents = np.array([-1, 0, 1, 0, 3])
+    assert ancestor_mask(parents).astype(int).tolist() == [
+        [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 0, 1, 1]]
+    assert not is_chain(parents)
+    assert is_chain(np.array([-1, 0, 1, 2]))
+
+
+def test_walks_follow_the_targets_choice_at_each_node():
+    #            root  a  b  c  d      tree: root-a-b, root-c-d
+    parents = np.array([-1, 0, 1, 0, 3])
+    tokens = [100, 1, 2, 3, 4]
+    assert accepted_path(parents, tokens, [3, 9, 9, 4, 8]) == [3, 4]
+    assert accepted_path(parents, tokens, [1, 5, 9, 9, 9]) == [1]
+    assert accepted_path(parents, tokens, [6, 2, 9, 9, 9]) == []
+    assert path_by_tokens(parents, tokens, [3, 4, 8]) == [3, 4]
+    assert path_by_tokens(parents, tokens, [3]) == []  # the bonus token is no node
+
+
+def test_requests_whose_sampling_depends_on_draft_position_get_linear_drafts():
+    assert _allows_trees(SamplingParams(temperature=0.7, top_p=0.9))
+    assert not _allows_trees(None)
+    for params in (SamplingParams(logprobs=2), SamplingParams(repetition_penalty=1.1),
+                   SamplingParams(frequency_penalty=0.5), SamplingParams(min_tokens=3)):
+        assert not _allows_trees(params)
+
+
+#: Sampling: no main draft at all (no context match, no pool draft), so every accepted
+#: token was chosen among the tree's branches (pool candidates and the window).
+TREE_ONLY = {**TREE, "corpus_tokens": 0, "suffix_match_min": 128, "suffix_match_max": 128,
+             "guess_set_size": 0, "tree_candidates": 8}
+
+
+@pytest.fixture(scope="module")
+def tree_llm(llama_path):
+    llm = LLM(llama_path, speculative_config=TREE, **STRESSED)
+    yield llm
+    shutdown(llm)
+
+
+def test_trees_under_chunked_prefill_and_preemption_match_plain_decoding(
+        tree_llm, llama_reference):
+    before, = proposer_stats(tree_llm)
+    assert generate(tree_llm, make_prompts(), greedy()) == llama_reference
+    after, = proposer_stats(tree_llm)
+    assert after.tree_nodes > before.tree_nodes
+
+
+def test_tree_samples_follow_the_target_distribution(llama_path, plain_samples):
+    prompt, reference = plain_samples
+    llm = LLM(llama_path, speculative_config=TREE_ONLY, **ENGINE_KWARGS)
+    speculated = sample_tokens(llm, prompt)
+    stats, = proposer_stats(llm)
+    shutdown(llm)
+    # the positions below really went through tree verification
+    assert stats.tree_accepted > 500  # of ~6000 tokens; S ~1.15 at T=0.7 on this model
+    for position in (1, 2, 3):
+        assert same_distribution_pvalue(reference[:, position],
+                                        speculated[:, position]) > SIGNIFICANCE
