@@ -79,6 +79,7 @@ class _TreeRow:
     slots: np.ndarray  # KV slot of each node, as vLLM assigned them (linear)
     off_chain: torch.Tensor  # nodes not on the first chain (causal kernel is wrong there)
     attention_bias: torch.Tensor  # [len(off_chain), prefix + nodes]: 0 or -inf
+    req_id: str
 
 
 @dataclass
@@ -88,11 +89,25 @@ class _TreeStep:
     caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
+@dataclass
+class _PrefixCopy:
+    """A tree request's prefix KV for one cache, unpacked (``[2, kv heads, capacity,
+    head_size]``, float32) and extended each step by the positions added since."""
+
+    kv: torch.Tensor
+    length: int = 0
+
+
+#: Bound on the unpacked prefix copies a worker keeps (beyond it, prefixes are read
+#: from the paged cache at every step, which costs a gather per layer).
+PREFIX_COPY_BYTES = 1 << 30
+
 # One model runner per worker process, hence one observer, one acceptance rule and
-# one step's trees at a time.
+# one step's trees at a time; prefix copies of the requests with trees in it.
 _observer: VerificationObserver | None = None
 _acceptance_rule: AcceptanceRule | None = None
 _tree_step: _TreeStep | None = None
+_prefix_copies: dict[tuple[str, int], _PrefixCopy] = {}
 
 
 def install() -> None:
@@ -175,9 +190,10 @@ def _hooked_rejection_sample(original):
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
         draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
     ):
+        capture = None
         if _observer is not None:
-            _observer.on_verification(
-                _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids))
+            capture = _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids)
+            _observer.on_verification(capture)
         sampling_metadata = args[0] if args else kwargs["sampling_metadata"]
         if _acceptance_rule is not None:
             output = _acceptance_rule(draft_token_ids, list(num_draft_tokens), max_spec_len,
@@ -189,8 +205,9 @@ def _hooked_rejection_sample(original):
             draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
         )
         if _tree_step is not None and _tree_step.rows:
+            target_argmax = capture.target_argmax if capture else target_logits.argmax(-1)
             _verify_trees(_tree_step, output, draft_token_ids, list(num_draft_tokens),
-                          target_logits, bonus_token_ids, sampling_metadata)
+                          target_logits, target_argmax, bonus_token_ids, sampling_metadata)
         return output
 
     return rejection_sample
@@ -244,7 +261,11 @@ def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any) -> _T
             slots=slot_mapping[start : start + size].cpu().numpy().astype(np.int64),
             off_chain=torch.from_numpy(off_chain),
             attention_bias=torch.from_numpy(bias),
+            req_id=req_id,
         )
+    tree_requests = {tree.req_id for tree in rows.values()}
+    for key in [key for key in _prefix_copies if key[0] not in tree_requests]:
+        del _prefix_copies[key]
     return _TreeStep(rows) if rows else None
 
 
@@ -268,33 +289,71 @@ def _attend_over_ancestors(impl, layer, query, key, value, kv_cache, meta, outpu
     and their ancestors (this step's keys and values), in float32."""
     layout = _kv_layout(impl, layer, kv_cache)
     step.caches.setdefault(kv_cache.data_ptr(), (kv_cache, layout))
-    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    num_kv_heads = kv_cache.shape[1]
     heads, head_size = impl.num_heads, impl.head_size
     group = heads // num_kv_heads
-    regions = kv_cache.view(num_blocks, num_kv_heads, -1)
     queries = query.view(-1, heads, head_size)
     keys = key.view(-1, num_kv_heads, head_size)
     values = value.view(-1, num_kv_heads, head_size)
     out = output.view(-1, heads, head_size)
     for row, tree in step.rows.items():
         start, size = int(meta.query_start_loc[row]), len(tree.parents)
-        prefix = int(meta.seq_lens[row]) - size
-        blocks = meta.block_table[row, : -(-prefix // block_size)].long()
-        cached = regions[blocks][:, :, layout]  # [blocks, kv heads, 2, block, head]
-        cached = cached.permute(2, 1, 0, 3, 4).reshape(2, num_kv_heads, -1, head_size)
-        k = torch.cat([cached[0, :, :prefix], keys[start : start + size].transpose(0, 1)], 1)
-        v = torch.cat([cached[1, :, :prefix], values[start : start + size].transpose(0, 1)], 1)
+        cached = _prefix_kv(tree.req_id, kv_cache, layout, meta.block_table[row],
+                            int(meta.seq_lens[row]) - size)  # [2, kv heads, prefix, d]
         rows = start + tree.off_chain
         q = queries[rows].view(len(rows), num_kv_heads, group, head_size)
-        q = q.permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_size).float()
-        scores = torch.bmm(q, k.float().transpose(1, 2)) * impl.scale
+        q = q.permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_size).float() * impl.scale
+        new_keys = keys[start : start + size].transpose(0, 1).float()
+        new_values = values[start : start + size].transpose(0, 1).float()
+        scores = torch.cat([torch.bmm(q, cached[0].transpose(1, 2)),
+                            torch.bmm(q, new_keys.transpose(1, 2))], dim=2)
         scores = scores.view(num_kv_heads, len(rows), group, -1)
         scores += tree.attention_bias[None, :, None, :]
-        attended = torch.matmul(scores.softmax(-1).view(num_kv_heads, -1, prefix + size),
-                                v.float())
+        weights = scores.softmax(-1).view(num_kv_heads, len(rows) * group, -1)
+        prefix = cached.shape[2]
+        attended = (torch.bmm(weights[:, :, :prefix], cached[1])
+                    + torch.bmm(weights[:, :, prefix:], new_values))
         attended = attended.view(num_kv_heads, len(rows), group, head_size)
         out[rows] = attended.permute(1, 0, 2, 3).reshape(len(rows), heads, head_size).to(
             out.dtype)
+
+
+def _prefix_kv(req_id: str, kv_cache: torch.Tensor, layout: torch.Tensor,
+               block_table: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Keys and values of positions ``0..prefix-1``, ``[2, kv heads, prefix, d]``: from
+    the request's prefix copy, extended by the positions added since the last step."""
+    key = (req_id, kv_cache.data_ptr())
+    copy = _prefix_copies.get(key)
+    if copy is None or copy.length > prefix:
+        copy = _PrefixCopy(torch.empty((2, kv_cache.shape[1], 0, kv_cache.shape[3] // 2),
+                                       device=kv_cache.device))
+    if prefix > copy.kv.shape[2]:
+        grown = copy.kv.new_empty((*copy.kv.shape[:2], 2 * prefix, copy.kv.shape[3]))
+        grown[:, :, : copy.length] = copy.kv[:, :, : copy.length]
+        copy.kv = grown
+    if prefix > copy.length:
+        elements = _kv_elements(block_table, torch.arange(copy.length, prefix), kv_cache.shape,
+                                layout)
+        copy.kv[:, :, copy.length : prefix] = kv_cache.view(-1)[elements]
+        copy.length = prefix
+    in_use = sum(c.kv.numel() * c.kv.element_size() for c in _prefix_copies.values())
+    if key in _prefix_copies or in_use + copy.kv.numel() * copy.kv.element_size() <= \
+            PREFIX_COPY_BYTES:
+        _prefix_copies[key] = copy
+    return copy.kv[:, :, :prefix]
+
+
+def _kv_elements(block_table: torch.Tensor, positions: torch.Tensor, shape: torch.Size,
+                 layout: torch.Tensor) -> torch.Tensor:
+    """Element offsets, in a KV cache of ``shape``, of the keys and values at
+    ``positions`` of the request with ``block_table``: ``[2, kv heads, positions, d]``."""
+    _, num_kv_heads, block_size, width = shape
+    region = block_size * width
+    blocks = block_table[positions // block_size].long()
+    within = layout[:, positions % block_size, :]  # [2, prefix, d]
+    heads = torch.arange(num_kv_heads) * region
+    return (blocks[None, None, :, None] * (num_kv_heads * region)
+            + heads[None, :, None, None] + within[:, None, :, :])
 
 
 _kv_layouts: dict[tuple, torch.Tensor] = {}
@@ -347,7 +406,8 @@ def _kv_layout(impl, layer, kv_cache: torch.Tensor) -> torch.Tensor:
 
 def _verify_trees(step: _TreeStep, output: torch.Tensor, draft_token_ids: torch.Tensor,
                   num_draft_tokens: list[int], target_logits: torch.Tensor,
-                  bonus_token_ids: torch.Tensor, sampling_metadata: Any) -> None:
+                  target_argmax: torch.Tensor, bonus_token_ids: torch.Tensor,
+                  sampling_metadata: Any) -> None:
     """Replace vLLM's linear verdict for tree rows (in place): follow, from the root,
     the child whose token the target chose at each node (greedy: its argmax; random:
     a sample of the processed distribution, which is lossless for point-mass drafts
@@ -362,11 +422,10 @@ def _verify_trees(step: _TreeStep, output: torch.Tensor, draft_token_ids: torch.
         if end - begin != len(tree.parents) - 1:
             raise RuntimeError(f"vllm-lookahead: row {row} verified {end - begin} draft "
                                f"tokens, its tree has {len(tree.parents) - 1}")
-        logits = target_logits[begin:end]
         if temperature is None or float(temperature[row]) <= 0:
-            predictions = logits.argmax(-1)
+            predictions = target_argmax[begin:end]
         else:
-            predictions = logits.softmax(-1, dtype=torch.float32).multinomial(
+            predictions = target_logits[begin:end].softmax(-1, dtype=torch.float32).multinomial(
                 1, generator=generators.get(row)).view(-1)
         predictions = predictions.tolist() + [int(bonus_token_ids.view(-1)[row])]
         tokens = [-1, *draft_token_ids[begin:end].tolist()]
