@@ -22,6 +22,7 @@ from conftest import (
 from vllm import LLM, SamplingParams
 
 from vllm_lookahead.proposer import _allows_trees
+from vllm_lookahead.worker import check_tree_attention
 from vllm_lookahead.tree import (
     TreeBuilder,
     accepted_path,
@@ -73,6 +74,21 @@ def test_requests_whose_sampling_depends_on_draft_position_get_linear_drafts():
 #: token was chosen among the tree's branches (pool candidates and the window).
 TREE_ONLY = {**TREE, "corpus_tokens": 0, "suffix_match_min": 128, "suffix_match_max": 128,
              "guess_set_size": 0, "tree_candidates": 8}
+
+
+def test_tree_options_are_refused_where_attention_cannot_mask_trees():
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.layers.attention import Attention
+
+    layer = Attention.__new__(Attention)
+    torch.nn.Module.__init__(layer)
+    layer.impl = SimpleNamespace()  # e.g. a CUDA backend: the plugin masks CPU_ATTN only
+    runner = SimpleNamespace(model=torch.nn.Sequential(layer), uses_mrope=False)
+    with pytest.raises(ValueError, match="tree_candidates and tree_window need tree "
+                                         "attention.*attention backend SimpleNamespace"):
+        check_tree_attention(runner)
 
 
 @pytest.fixture(scope="module")

@@ -177,8 +177,11 @@ class LookaheadProposer:
         self._runner = runner
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """No draft model; called by vLLM after the runner is built, so check binding."""
+        """No draft model; called by vLLM once the target is loaded, so check binding
+        and, with tree drafts on, that the target's attention can mask trees."""
         worker.check_bound(self._runner)
+        if self.options.tree_candidates or self.options.tree_window:
+            worker.check_tree_attention(self._runner)
 
     def on_verification(self, capture: worker.VerificationCapture) -> None:
         self._capture = capture
@@ -488,7 +491,9 @@ class LookaheadProposer:
             if opts.tree_window:
                 self._add_window(state, builder, token_ids_cpu[row], int(num_tokens[b]))
             added = builder.num_drafted - len(main)
-            if added:
+            if not added:
+                state.window_columns = []
+            else:
                 spare -= added
                 self._stats.tree_nodes += added
                 state.tree = (builder.tokens, np.array(builder.parents))

@@ -190,6 +190,7 @@ def _hooked_rejection_sample(original):
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
         draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
     ):
+        global _tree_step
         capture = None
         if _observer is not None:
             capture = _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids)
@@ -204,10 +205,11 @@ def _hooked_rejection_sample(original):
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
             draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
         )
-        if _tree_step is not None and _tree_step.rows:
+        if _tree_step is not None:
             target_argmax = capture.target_argmax if capture else target_logits.argmax(-1)
             _verify_trees(_tree_step, output, draft_token_ids, list(num_draft_tokens),
                           target_logits, target_argmax, bonus_token_ids, sampling_metadata)
+            _tree_step = None  # the step is done; dummy runs must not see its trees
         return output
 
     return rejection_sample
@@ -232,14 +234,12 @@ def _place_tree_nodes(runner: Any, source: TreeSource) -> None:
 
 def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any) -> _TreeStep | None:
     spec_tokens = scheduler_output.scheduled_spec_decode_tokens
-    if not spec_tokens:
-        return None
     batch = runner.input_batch
     query_starts = runner.query_start_loc.np
     slot_mapping = batch.block_table[0].slot_mapping.gpu
     rows = {}
     for row, req_id in enumerate(batch.req_ids):
-        scheduled = spec_tokens.get(req_id)
+        scheduled = spec_tokens.get(req_id) if spec_tokens else None
         if not scheduled:
             continue
         parents = source.draft_tree(req_id, list(scheduled))
@@ -263,6 +263,8 @@ def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any) -> _T
             attention_bias=torch.from_numpy(bias),
             req_id=req_id,
         )
+    # a request without a tree in this step (finished, preempted, prefilling or linear)
+    # loses its prefix copy: a recomputed prefix must be read afresh
     tree_requests = {tree.req_id for tree in rows.values()}
     for key in [key for key in _prefix_copies if key[0] not in tree_requests]:
         del _prefix_copies[key]
@@ -497,6 +499,37 @@ def check_bound(runner: Any) -> None:
             "vllm-lookahead: the model runner was not bound to the proposer; "
             "is the vllm_lookahead plugin installed in this Python environment?"
         )
+
+
+def check_tree_attention(runner: Any) -> None:
+    """Raise unless every attention layer of the target can take tree masks here: the
+    CPU backend, decoder self-attention without sliding window, ALiBi, soft-capping or
+    sinks, an unquantized KV cache and plain (not multimodal) rotary positions."""
+    from vllm.model_executor.layers.attention import Attention
+
+    problems = set()
+    if getattr(runner, "uses_mrope", False):
+        problems.add("multimodal rotary positions (M-RoPE)")
+    for module in runner.model.modules():
+        if not isinstance(module, Attention):
+            continue
+        impl = module.impl
+        if type(impl).__name__ != "CPUAttentionBackendImpl":
+            problems.add(f"attention backend {type(impl).__name__} (only CPU_ATTN masks "
+                         "trees in this version)")
+            continue
+        if impl.attn_type != "decoder":
+            problems.add(f"{impl.attn_type} attention")
+        if impl.sliding_window != -1 or impl.alibi_slopes is not None or impl.sinks is not None \
+                or impl.logits_soft_cap:
+            problems.add("sliding window, ALiBi, attention sinks or soft-capping")
+        if impl.kv_cache_dtype != "auto":
+            problems.add(f"kv_cache_dtype {impl.kv_cache_dtype!r}")
+    if problems:
+        raise ValueError(
+            "lookahead: tree_candidates and tree_window need tree attention, which this "
+            f"model cannot take here: {'; '.join(sorted(problems))}. Set both to 0 (linear "
+            "drafts) for this model.")
 
 
 def request_ids(runner: Any) -> list[str | None]:
