@@ -12,9 +12,10 @@ from conftest import fake_vllm_config
 
 from vllm_lookahead import worker
 from vllm_lookahead.budget import MIN_SAMPLES
-from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, LookaheadOptions, request_overrides
 from vllm_lookahead.pool import NgramPool, ResponseCorpus, _suffix_match
 from vllm_lookahead.proposer import DRAFT_LIMIT_MARGIN, LookaheadProposer, _RequestState
+from vllm_lookahead.tree import path_by_tokens
 from vllm_lookahead.worker import VerificationCapture
 
 MAX_LEN = 64
@@ -27,6 +28,7 @@ def make_proposer(k=4, max_model_len=MAX_LEN, **options):
     runner = SimpleNamespace(
         input_batch=SimpleNamespace(req_ids=[], num_prompt_tokens=np.zeros(8, np.int32)),
         requests={},
+        model=torch.nn.Sequential(),  # no attention layer: tree drafts are not refused
     )
     proposer.bind_model_runner(runner)
     proposer.load_model(None)
@@ -408,3 +410,47 @@ def test_decode_only_steps_are_told_apart_from_prefill_steps():
 
     assert worker._is_decode_only(step({"a": 1, "b": 4}, {"b": [7, 8, 9]}))
     assert not worker._is_decode_only(step({"a": 1, "b": 64}, {}))  # b's prompt chunk
+
+
+def test_tree_drafts_hang_pool_candidates_and_the_window_below_the_main_draft():
+    from vllm import SamplingParams
+
+    proposer, runner = make_proposer(k=12, ngram_size=3, tree_candidates=2, tree_window=2,
+                                     cost_aware_drafts=False, draft_min_prob=0.3)
+    # pool: 5 -> (1, 2), (1, 3), (1, 4); 4 -> three continuations, so the main draft
+    # (pool chain while its probability estimate stays >= 0.3) is 1, 4
+    context = [5, 1, 2, 5, 1, 3, 5, 1, 4, 4, 8, 8, 4, 7, 7, 6, 5]
+    batch = Batch(runner, {"tree": context, "linear": context})
+    runner.requests["tree"] = SimpleNamespace(sampling_params=SamplingParams(temperature=0))
+    runner.requests["linear"] = SimpleNamespace(sampling_params=SamplingParams(
+        temperature=0, extra_args={"lookahead_tree_candidates": 0, "lookahead_tree_window": 0}))
+    for _ in range(MIN_SAMPLES):  # timed passes whose cost does not grow with tokens:
+        proposer._cost_model.add(random.randrange(2, 40), 0.01)  # trees for two rows
+    tree_draft, linear_draft = batch.propose(proposer, [[5], [5]])
+    assert linear_draft == [1, 4]
+    assert proposer.draft_tree("linear", linear_draft) is None
+    parents = proposer.draft_tree("tree", tree_draft)
+    tokens = [5, *tree_draft]
+    assert tree_draft[: len(linear_draft)] == linear_draft  # the main draft comes first
+    assert len(tree_draft) <= 12 and all(parents[n] < n for n in range(1, len(parents)))
+    assert path_by_tokens(parents, tokens, [1, 3, 0]) == [1, len(linear_draft) + 1]
+    assert path_by_tokens(parents, tokens, [1, 4, 0]) == [1, 2]
+    # vLLM accepts the candidate 1, 3 (off the main draft); the window's columns harvest
+    predictions = [[1, 3] + [0] * (len(tree_draft) - 2), [1] + [0] * (len(linear_draft) - 1)]
+    proposer.on_verification(capture([tree_draft, linear_draft], predictions, [0, 0]))
+    before = proposer.stats
+    batch.set({"tree": context + [1, 3, 7], "linear": context + [1, 7]})
+    batch.propose(proposer, [[1, 3, 7], [1, 7]])
+    after = proposer.stats
+    assert after.tree_accepted - before.tree_accepted == 1
+    assert after.harvested_ngrams - before.harvested_ngrams >= 2  # one per window column
+
+
+def test_tree_options_per_request_are_bounded_by_the_server():
+    with pytest.raises(ValueError, match=r"lookahead_tree_window must be an integer in "
+                                         r"\[0, 4\] \(4 is the server's tree_window\)"):
+        request_overrides({"lookahead_tree_window": 5}, 8,
+                          LookaheadOptions.from_dict({"tree_window": 4}))
+    assert request_overrides({"lookahead_tree_candidates": 0}, 8,
+                             LookaheadOptions.from_dict({"tree_candidates": 4})) == {
+        "tree_candidates": 0}

@@ -41,6 +41,11 @@ class StepCostModel:
         self._seconds[slot] = seconds
         self._count += 1
 
+    @property
+    def has_samples(self) -> bool:
+        """Enough passes were timed for a fit (``free_tokens`` may still be infinite)."""
+        return self._count >= MIN_SAMPLES
+
     def free_tokens(self) -> float:
         """a / b: the pass's fixed cost in units of one token's marginal cost.
 

@@ -215,15 +215,22 @@ def accepted_text(f: dataclasses.Field) -> str:
 #: Per-request overrides: keys of ``SamplingParams.extra_args`` (``vllm_xargs`` in the
 #: OpenAI API) named by this prefix and an option.
 REQUEST_KEY_PREFIX = "lookahead_"
-REQUEST_OPTIONS = ("num_speculative_tokens", "draft_min_prob")
+REQUEST_OPTIONS = ("num_speculative_tokens", "draft_min_prob", "tree_candidates",
+                   "tree_window")
+#: Per-request options bounded by the server's value (the server reserves for its maxima).
+BOUNDED_BY_SERVER = ("tree_candidates", "tree_window")
 
 
-def request_overrides(extra_args: dict[str, Any] | None, server_k: int) -> dict[str, Any]:
+def request_overrides(extra_args: dict[str, Any] | None, server_k: int,
+                      server_options: LookaheadOptions | None = None) -> dict[str, Any]:
     """A request's validated overrides, by option name; errors name the key and range.
 
     ``num_speculative_tokens`` is bounded by the server's K (0: no drafts for this
-    request); ``draft_min_prob`` accepts what the server option accepts.
+    request), ``tree_candidates`` and ``tree_window`` by the server's values (0: no
+    such nodes for this request); ``draft_min_prob`` accepts what the server option
+    accepts.
     """
+    server_options = server_options or LookaheadOptions()
     overrides = {}
     for key, value in (extra_args or {}).items():
         if not key.startswith(REQUEST_KEY_PREFIX):
@@ -238,6 +245,11 @@ def request_overrides(extra_args: dict[str, Any] | None, server_k: int) -> dict[
                     f"for the request; {server_k} is the server's num_speculative_tokens) "
                     f"(got {value!r})"
                 )
+        elif name in BOUNDED_BY_SERVER:
+            most = getattr(server_options, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+                raise ValueError(f"{key} must be an integer in [0, {most}] ({most} is the "
+                                 f"server's {name}) (got {value!r})")
         elif name in REQUEST_OPTIONS:
             field_ = next(f for f in dataclasses.fields(LookaheadOptions) if f.name == name)
             value = _check_value(field_, value, label=key)

@@ -321,8 +321,11 @@ def check_request_options(extra_args: dict[str, Any], vllm_config: Any) -> None:
         keys = sorted(k for k in extra_args if k.startswith(REQUEST_KEY_PREFIX))
         raise ClientError(f"{', '.join(keys)}: this server does not run speculative "
                           "method 'lookahead'")
+    server_options = LookaheadOptions.from_dict(
+        {k: v for k, v in options.items() if k != "method"})
     try:
-        request_overrides(extra_args, vllm_config.speculative_config.num_speculative_tokens)
+        request_overrides(extra_args, vllm_config.speculative_config.num_speculative_tokens,
+                          server_options)
     except ValueError as exc:
         raise ClientError(str(exc)) from None
 

@@ -54,6 +54,9 @@ logger = logging.getLogger(__name__)
 #: SmolLM2 generations (benchmarks/replay.py) for the best compression per draft token.
 DRAFT_LIMIT_GROWTH = 8
 DRAFT_LIMIT_MARGIN = 3
+#: Tree nodes off the first chain cost this many linear draft tokens each (their masked
+#: attention runs in PyTorch; benchmarks/tree_cost.py measured 2-4 on 2 CPU cores).
+TREE_NODE_COST = 3
 #: Per-step decay of a request's first-token acceptance counts (``cost_aware_drafts``):
 #: about its last 10 verified drafts estimate its rate.
 ACCEPTANCE_DECAY = 0.9
@@ -81,6 +84,8 @@ class _RequestState:
     # the first nodes of the tree; ``tree`` what vLLM was given: (tokens, parents) of
     # ``[pending_token] + nodes``
     tree_ok: bool = False  # the request's sampling parameters allow trees
+    tree_candidates: int = 0  # G and W: the options, or the request's own lower bounds
+    tree_window: int = 0
     tree: tuple[list[int], np.ndarray] | None = None
     window: list[list[int]] | None = None  # Jacobi window levels, level 0 first
     # per window column of the last tree: (column, node of its key, its last node)
@@ -283,7 +288,10 @@ class LookaheadProposer:
                                             self.num_speculative_tokens)
             state.draft_min_prob = overrides.get("draft_min_prob", opts.draft_min_prob)
             state.draft_limit = state.max_draft
-            state.tree_ok = _allows_trees(worker.sampling_params(self._runner, req_id))
+            if opts.tree_candidates or opts.tree_window:
+                state.tree_ok = _allows_trees(worker.sampling_params(self._runner, req_id))
+            state.tree_candidates = overrides.get("tree_candidates", opts.tree_candidates)
+            state.tree_window = overrides.get("tree_window", opts.tree_window)
         return state
 
     def _request_overrides(self, req_id: str) -> dict[str, Any]:
@@ -291,7 +299,7 @@ class LookaheadProposer:
         (``plugin.py``), so a bad one here means that check is missing: it is ignored."""
         try:
             return request_overrides(worker.extra_args(self._runner, req_id),
-                                     self.num_speculative_tokens)
+                                     self.num_speculative_tokens, self.options)
         except ValueError as exc:
             logger.warning("vllm-lookahead: request %s: %s; using the server's options",
                            req_id, exc)
@@ -469,10 +477,15 @@ class LookaheadProposer:
         """Turn each main draft (in ``drafts``, replaced) into a token tree: the main
         draft first, then the pool's most frequent continuations of the last token
         (``tree_candidates``), then the Jacobi window (``tree_window``). Each request
-        gets at most its K nodes; under load, the step adds no more nodes than the cost
-        model says are nearly free, so trees shrink before main drafts do."""
+        gets at most its K nodes. With several requests in the step, trees take only the
+        tokens the cost model says are nearly free (a tree node counted as
+        ``TREE_NODE_COST`` tokens; none before the model is fitted), so under load trees
+        shrink to nothing before main drafts are cut."""
         opts = self.options
-        spare = self._cost_model.free_tokens() - sum(len(drafts[row]) + 1 for row in rows)
+        free = self._cost_model.free_tokens()
+        if len(rows) > 1 and not self._cost_model.has_samples:
+            free = 0.0
+        spare = (free - sum(len(drafts[row]) + 1 for row in rows)) / TREE_NODE_COST
         for b, (row, state) in enumerate(zip(rows, states)):
             state.tree, state.window_columns = None, []
             main = drafts[row]
@@ -482,13 +495,13 @@ class LookaheadProposer:
                 continue
             builder = TreeBuilder(state.pending_token, cap)
             builder.add_chain(main)
-            if opts.tree_candidates:
+            if state.tree_candidates:
                 candidates = state.pool.candidates(
-                    state.pending_token, max(opts.guess_set_size, opts.tree_candidates))
+                    state.pending_token, max(opts.guess_set_size, state.tree_candidates))
                 candidates.sort(key=lambda item: -item[1])  # stable: newest first on ties
-                for continuation, _ in candidates[: opts.tree_candidates]:
+                for continuation, _ in candidates[: state.tree_candidates]:
                     builder.add_chain(list(continuation))
-            if opts.tree_window:
+            if state.tree_window:
                 self._add_window(state, builder, token_ids_cpu[row], int(num_tokens[b]))
             added = builder.num_drafted - len(main)
             if not added:
@@ -506,7 +519,7 @@ class LookaheadProposer:
         each column hang that column's levels 1..N-2, one position further each. The
         window starts as tokens picked from the prompt (seeded by the prompt, so every
         tensor-parallel rank picks the same)."""
-        width, levels = self.options.tree_window, self.options.ngram_size - 1
+        width, levels = state.tree_window, self.options.ngram_size - 1
         if state.window is None:
             prompt = context[: state.prompt_len]
             rng = np.random.default_rng(zlib.crc32(prompt.astype(np.int64).tobytes()))
