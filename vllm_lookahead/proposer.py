@@ -54,9 +54,13 @@ logger = logging.getLogger(__name__)
 #: SmolLM2 generations (benchmarks/replay.py) for the best compression per draft token.
 DRAFT_LIMIT_GROWTH = 8
 DRAFT_LIMIT_MARGIN = 3
-#: Tree nodes off the first chain cost this many linear draft tokens each (their masked
-#: attention runs in PyTorch; benchmarks/tree_cost.py measured 2-4 on 2 CPU cores).
+#: What a tree costs beyond its tokens, in linear draft tokens (``tree_*`` options): each
+#: node off the first chain, and each request with a tree (its masked attention runs in
+#: PyTorch, a few operations per layer). benchmarks/tree_cost.py, run (q), measured
+#: SmolLM2-135M on 2 CPU cores: a draft token 0.45 ms; a tree of 24 nodes, 18 off the
+#: first chain, 11-30 ms more than a linear draft of 24 (25-65 tokens' worth).
 TREE_NODE_COST = 3
+TREE_ROW_COST = 20
 #: Per-step decay of a request's first-token acceptance counts (``cost_aware_drafts``):
 #: about its last 10 verified drafts estimate its rate.
 ACCEPTANCE_DECAY = 0.9
@@ -477,20 +481,21 @@ class LookaheadProposer:
         """Turn each main draft (in ``drafts``, replaced) into a token tree: the main
         draft first, then the pool's most frequent continuations of the last token
         (``tree_candidates``), then the Jacobi window (``tree_window``). Each request
-        gets at most its K nodes. With several requests in the step, trees take only the
-        tokens the cost model says are nearly free (a tree node counted as
-        ``TREE_NODE_COST`` tokens; none before the model is fitted), so under load trees
+        gets at most its K nodes, and trees take only the tokens the cost model says are
+        nearly free, a tree costing ``TREE_ROW_COST`` plus ``TREE_NODE_COST`` per node
+        (with several requests in the step and no fit yet: none), so under load trees
         shrink to nothing before main drafts are cut."""
         opts = self.options
         free = self._cost_model.free_tokens()
         if len(rows) > 1 and not self._cost_model.has_samples:
             free = 0.0
-        spare = (free - sum(len(drafts[row]) + 1 for row in rows)) / TREE_NODE_COST
+        spare = free - sum(len(drafts[row]) + 1 for row in rows)  # in linear tokens
         for b, (row, state) in enumerate(zip(rows, states)):
             state.tree, state.window_columns = None, []
             main = drafts[row]
+            nodes = (spare - TREE_ROW_COST) / TREE_NODE_COST
             cap = min(state.max_draft, self.max_model_len - int(num_tokens[b]) - 1,
-                      len(main) + max(0, int(min(spare, 1 << 30))))
+                      len(main) + max(0, int(min(nodes, 1 << 30))))
             if not state.tree_ok or cap <= len(main):
                 continue
             builder = TreeBuilder(state.pending_token, cap)
@@ -507,7 +512,7 @@ class LookaheadProposer:
             if not added:
                 state.window_columns = []
             else:
-                spare -= added
+                spare -= TREE_ROW_COST + added * TREE_NODE_COST
                 self._stats.tree_nodes += added
                 state.tree = (builder.tokens, np.array(builder.parents))
                 drafts[row] = builder.draft
