@@ -107,7 +107,8 @@ class LookaheadOptions(MethodOptions):
         "time is fitted online against its token count, and a draft token is kept only "
         "while its expected acceptance (its request's recent first-token acceptance times "
         "the worker's acceptance by draft position) raises the expected tokens per second "
-        "of the whole step. At batch size 1 it rarely cuts.",
+        "of the whole step. At batch size 1 it rarely cuts. Tree nodes (tree_candidates, "
+        "tree_window) are added only from what is left, at their higher cost.",
     )
     corpus_tokens: int = option_field(
         262144, 0,

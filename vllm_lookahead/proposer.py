@@ -481,14 +481,15 @@ class LookaheadProposer:
         """Turn each main draft (in ``drafts``, replaced) into a token tree: the main
         draft first, then the pool's most frequent continuations of the last token
         (``tree_candidates``), then the Jacobi window (``tree_window``). Each request
-        gets at most its K nodes. With several requests in the step, trees take only the
-        tokens the cost model says are nearly free, a tree costing ``TREE_ROW_COST`` plus
+        gets at most its K nodes. With several requests in the step (and
+        ``cost_aware_drafts``), trees take only the tokens the cost model says are nearly
+        free, a tree costing ``TREE_ROW_COST`` plus
         ``TREE_NODE_COST`` per node (none before the model has samples), so under load
         trees shrink to nothing before main drafts are cut. A lone request gets its
         whole tree: its step is latency-bound, and shrinking it there lowered S without
         raising tokens/s (benchmarks/README.md, run (u))."""
         opts = self.options
-        if len(rows) == 1:
+        if len(rows) == 1 or not opts.cost_aware_drafts:
             free = math.inf
         elif self._cost_model.has_samples:
             free = self._cost_model.free_tokens()
