@@ -287,7 +287,7 @@ def _tree_aware_forward(original):
 
 def _attend_over_ancestors(impl, layer, query, key, value, kv_cache, meta, output,
                            step: _TreeStep) -> None:
-    """Attention of off-chain tree nodes over the prefix (read from the paged cache)
+    """Attention of off-chain tree nodes over the prefix (the request's unpacked copy)
     and their ancestors (this step's keys and values), in float32."""
     layout = _kv_layout(impl, layer, kv_cache)
     step.caches.setdefault(kv_cache.data_ptr(), (kv_cache, layout))
@@ -401,7 +401,7 @@ def _kv_layout(impl, layer, kv_cache: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(
             "vllm-lookahead: tree drafts cannot read this attention backend's KV cache "
             f"layout ({type(impl).__name__}, {kv_cache.dtype}); set tree_candidates=0 and "
-            "lookahead_window=0 to verify linear drafts")
+            "tree_window=0 to verify linear drafts")
     _kv_layouts[signature] = layout
     return layout
 
