@@ -483,9 +483,9 @@ class LookaheadProposer:
         (``tree_candidates``), then the Jacobi window (``tree_window``). Each request
         gets at most its K nodes. With several requests in the step (and
         ``cost_aware_drafts``), trees take only the tokens the cost model says are nearly
-        free, a tree costing ``TREE_ROW_COST`` plus
-        ``TREE_NODE_COST`` per node (none before the model has samples), so under load
-        trees shrink to nothing before main drafts are cut. A lone request gets its
+        free, a tree costing ``TREE_ROW_COST`` plus ``TREE_NODE_COST`` per node (none
+        before the model has samples), so under load trees shrink to nothing before main
+        drafts are cut. A lone request gets its
         whole tree: its step is latency-bound, and shrinking it there lowered S without
         raising tokens/s (benchmarks/README.md, run (u))."""
         opts = self.options
