@@ -218,8 +218,6 @@ def accepted_text(f: dataclasses.Field) -> str:
 REQUEST_KEY_PREFIX = "lookahead_"
 REQUEST_OPTIONS = ("num_speculative_tokens", "draft_min_prob", "tree_candidates",
                    "tree_window")
-#: Per-request options bounded by the server's value (the server reserves for its maxima).
-BOUNDED_BY_SERVER = ("tree_candidates", "tree_window")
 
 
 def request_overrides(extra_args: dict[str, Any] | None, server_k: int,
@@ -232,25 +230,22 @@ def request_overrides(extra_args: dict[str, Any] | None, server_k: int,
     accepts.
     """
     server_options = server_options or LookaheadOptions()
+    # options bounded by the server's value (the server reserves for its maxima)
+    server_maxima = {"num_speculative_tokens": server_k,
+                     "tree_candidates": server_options.tree_candidates,
+                     "tree_window": server_options.tree_window}
     overrides = {}
     for key, value in (extra_args or {}).items():
         if not key.startswith(REQUEST_KEY_PREFIX):
             continue
         name = key[len(REQUEST_KEY_PREFIX):]
-        if name == "num_speculative_tokens":
-            if isinstance(value, bool) or not isinstance(value, int) or not (
-                0 <= value <= server_k
-            ):
-                raise ValueError(
-                    f"{key} must be an integer in [0, {server_k}] (0 turns speculation off "
-                    f"for the request; {server_k} is the server's num_speculative_tokens) "
-                    f"(got {value!r})"
-                )
-        elif name in BOUNDED_BY_SERVER:
-            most = getattr(server_options, name)
+        if name in server_maxima:
+            most = server_maxima[name]
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
-                raise ValueError(f"{key} must be an integer in [0, {most}] ({most} is the "
-                                 f"server's {name}) (got {value!r})")
+                off = "0 turns speculation off for the request; " * (
+                    name == "num_speculative_tokens")
+                raise ValueError(f"{key} must be an integer in [0, {most}] ({off}{most} is "
+                                 f"the server's {name}) (got {value!r})")
         elif name in REQUEST_OPTIONS:
             field_ = next(f for f in dataclasses.fields(LookaheadOptions) if f.name == name)
             value = _check_value(field_, value, label=key)

@@ -20,7 +20,6 @@ class TreeBuilder:
     def __init__(self, root_token: int, max_nodes: int):
         self.tokens = [root_token]
         self.parents = [-1]
-        self.depths = [0]
         self._children: list[dict[int, int]] = [{}]
         self.max_nodes = max_nodes  # drafted nodes, the root not counted
 
@@ -40,7 +39,6 @@ class TreeBuilder:
                 child = len(self.tokens)
                 self.tokens.append(token)
                 self.parents.append(parent)
-                self.depths.append(self.depths[parent] + 1)
                 self._children.append({})
                 self._children[parent][token] = child
             nodes.append(child)

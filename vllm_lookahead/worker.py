@@ -78,7 +78,7 @@ class _TreeRow:
     parents: np.ndarray
     slots: np.ndarray  # KV slot of each node, as vLLM assigned them (linear)
     off_chain: torch.Tensor  # nodes not on the first chain (causal kernel is wrong there)
-    attention_bias: torch.Tensor  # [len(off_chain), prefix + nodes]: 0 or -inf
+    attention_bias: torch.Tensor  # [len(off_chain), nodes]: 0 (ancestor) or -inf
     req_id: str
 
 
@@ -254,8 +254,8 @@ def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any) -> _T
         # a node whose earlier nodes are all its ancestors: the causal kernel is right
         on_chain = (mask | ~np.tri(size, dtype=bool)).all(axis=1)
         off_chain = np.flatnonzero(~on_chain)
-        bias = np.zeros((len(off_chain), base + size), dtype=np.float32)
-        bias[:, base:][~mask[off_chain]] = -np.inf
+        bias = np.zeros((len(off_chain), size), dtype=np.float32)
+        bias[~mask[off_chain]] = -np.inf
         rows[row] = _TreeRow(
             parents=parents,
             slots=slot_mapping[start : start + size].cpu().numpy().astype(np.int64),
@@ -309,10 +309,10 @@ def _attend_over_ancestors(impl, layer, query, key, value, kv_cache, meta, outpu
         new_values = values[start : start + size].transpose(0, 1).float()
         scores = torch.cat([torch.bmm(q, cached[0].transpose(1, 2)),
                             torch.bmm(q, new_keys.transpose(1, 2))], dim=2)
-        scores = scores.view(num_kv_heads, len(rows), group, -1)
-        scores += tree.attention_bias[None, :, None, :]
-        weights = scores.softmax(-1).view(num_kv_heads, len(rows) * group, -1)
         prefix = cached.shape[2]
+        scores = scores.view(num_kv_heads, len(rows), group, -1)
+        scores[..., prefix:] += tree.attention_bias[None, :, None, :]
+        weights = scores.softmax(-1).view(num_kv_heads, len(rows) * group, -1)
         attended = (torch.bmm(weights[:, :, :prefix], cached[1])
                     + torch.bmm(weights[:, :, prefix:], new_values))
         attended = attended.view(num_kv_heads, len(rows), group, head_size)
@@ -338,11 +338,14 @@ def _prefix_kv(req_id: str, kv_cache: torch.Tensor, layout: torch.Tensor,
                                 layout)
         copy.kv[:, :, copy.length : prefix] = kv_cache.view(-1)[elements]
         copy.length = prefix
-    in_use = sum(c.kv.numel() * c.kv.element_size() for c in _prefix_copies.values())
-    if key in _prefix_copies or in_use + copy.kv.numel() * copy.kv.element_size() <= \
-            PREFIX_COPY_BYTES:
+    if key in _prefix_copies or _bytes_of(_prefix_copies.values()) + \
+            _bytes_of([copy]) <= PREFIX_COPY_BYTES:  # the sum only for a new request
         _prefix_copies[key] = copy
     return copy.kv[:, :, :prefix]
+
+
+def _bytes_of(copies) -> int:
+    return sum(copy.kv.numel() * copy.kv.element_size() for copy in copies)
 
 
 def _kv_elements(block_table: torch.Tensor, positions: torch.Tensor, shape: torch.Size,
