@@ -4,7 +4,8 @@ One engine, in this process, at batch size 1. The proposer is replaced by fixed 
 drafts of T tokens (so nearly every step yields one token and the step count is the
 token count): verified as a chain (``linear``), or as a tree of four chains of T/4
 tokens hanging from the root (``tree``: three quarters of the nodes are off the first
-chain, where the plugin recomputes attention in PyTorch). ``none`` runs the same engine
+chain, three branch sequences in the attention kernel's batch, each with its scratch
+block filled per layer). ``none`` runs the same engine
 without drafts (T = 0). Step time: mean wall time of the engine's decode steps (the
 prefill step excluded), after a warm-up run.
 
@@ -83,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the drafter lives in this process
     from vllm import LLM
 
-    llm = LLM(str(fetch(args.model)), speculative_config={"method": "lookahead"},
+    # tree_window on: the scheduler holds back the branches' scratch blocks
+    llm = LLM(str(fetch(args.model)), speculative_config={"method": "lookahead",
+                                                          "tree_window": 1},
               enforce_eager=True, dtype=args.dtype, max_model_len=4096,
               kv_cache_memory_bytes=1 << 30, seed=0)
     drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter

@@ -117,3 +117,54 @@ def test_tree_samples_follow_the_target_distribution(llama_path, plain_samples):
     for position in (1, 2, 3):
         assert same_distribution_pvalue(reference[:, position],
                                         speculated[:, position]) > SIGNIFICANCE
+
+
+#: Oracle trees: a wrong first chain, then the reference continuation as a branch.
+WRONG, TRUE = 2, 6
+
+
+def _install_oracle(worker, prompts, reference):
+    """In the worker: make the drafter propose, for each request, WRONG tokens as its
+    first chain and the next TRUE tokens of plain decoding as a second chain from the
+    root. Every accepted token then comes through a branch sequence: a node's
+    prediction is only right if its attention saw exactly its ancestors (and, after a
+    move, the KV of the accepted path). Counts the requests' passes and tokens."""
+    drafter = worker.model_runner.drafter
+    vocab = worker.model_runner.model_config.get_vocab_size()
+    counts = drafter.oracle_counts = {"passes": 0, "tokens": 0}
+
+    def propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs):
+        drafts = []
+        for row, sampled in enumerate(sampled_token_ids):
+            if not sampled:
+                drafts.append([])
+                continue
+            counts["passes"] += 1
+            counts["tokens"] += len(sampled)
+            context = token_ids_cpu[row, : int(num_tokens_no_spec[row])].tolist()
+            index = next(i for i, p in enumerate(prompts) if context[: len(p)] == p)
+            done = len(context) - len(prompts[index])
+            truth = reference[index][done : done + TRUE]
+            wrong = [(token + 1) % vocab for token in truth[:WRONG]]
+            drafts.append(wrong + truth if len(truth) == TRUE else [])
+        return drafts
+
+    def draft_tree(req_id, scheduled):
+        parents = [-1, 0, 1, 0, *range(3, 3 + TRUE - 1)][: len(scheduled) + 1]
+        return np.array(parents)
+
+    drafter.propose = propose
+    drafter.draft_tree = draft_tree
+
+
+def test_oracle_trees_accepted_off_the_first_chain_match_plain_decoding(
+        llama_path, llama_reference):
+    llm = LLM(llama_path, speculative_config=TREE, **STRESSED)
+    prompts = make_prompts()
+    llm.collective_rpc(lambda worker: _install_oracle(worker, prompts, llama_reference))
+    outputs = generate(llm, prompts, greedy())
+    counts, = llm.collective_rpc(lambda worker: worker.model_runner.drafter.oracle_counts)
+    shutdown(llm)
+    assert outputs == llama_reference
+    # most passes accept the whole branch: no token of the first chain is ever right
+    assert counts["tokens"] / counts["passes"] > 3.0

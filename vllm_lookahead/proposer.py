@@ -116,6 +116,8 @@ class ProposerStats:
     lattice_tokens: int = 0  # from the lattice's top path (draft rescoring chose it)
     tree_nodes: int = 0  # verified beside the main drafts (tree candidates and window)
     tree_accepted: int = 0  # accepted tokens that were tree nodes off the main draft
+    tree_branches: int = 0  # runs off the first chain, verified as sequences of their own
+    tree_fallbacks: int = 0  # trees verified as linear drafts (scratch blocks ran out)
     harvested_ngrams: int = 0
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)
@@ -398,6 +400,18 @@ class LookaheadProposer:
             return None
         return parents[: len(scheduled) + 1]
 
+    def on_tree_planned(self, req_id: str, branches: int | None) -> None:
+        """worker.py split the request's tree into ``branches`` extra attention
+        sequences, or (None) found no scratch blocks left and verifies it as a linear
+        draft: then it is one for the proposer too."""
+        if branches is not None:
+            self._stats.tree_branches += branches
+            return
+        self._stats.tree_fallbacks += 1
+        state = self._states.get(req_id)
+        if state is not None:
+            state.tree, state.window_columns = None, []
+
     def _harvest(self, state: _RequestState, verified: _Verified, accepted: int) -> None:
         """Add n-grams read off the target's predictions (one Jacobi iteration).
 
@@ -454,11 +468,12 @@ class LookaheadProposer:
             from_lattice = self._fill_from_pool(state, draft, limit, prob)
             drafts[row] = draft
             sources.append((from_corpus, matched, from_lattice))
+        free_tokens = self._step_budget()
         if opts.cost_aware_drafts:
-            self._cut_to_budget([drafts[row] for row in rows], states)
+            self._cut_to_budget([drafts[row] for row in rows], states, free_tokens)
         main_drafts = [list(drafts[row]) for row in rows]
         if opts.tree_candidates or opts.tree_window:
-            self._grow_trees(rows, states, drafts, token_ids_cpu, num_tokens)
+            self._grow_trees(rows, states, drafts, token_ids_cpu, num_tokens, free_tokens)
         for row, state, main, (from_corpus, matched, from_lattice) in zip(
                 rows, states, main_drafts, sources):
             draft = state.draft = main
@@ -475,9 +490,19 @@ class LookaheadProposer:
                 self._stats.pool_tokens += len(draft) - matched - from_lattice
         return drafts
 
+    def _step_budget(self) -> float | None:
+        """Tokens the step affords for free (``cost_aware_drafts``; None before the cost
+        model has samples), as the first tensor-parallel rank timed it: every rank then
+        drafts the same trees, and its attention splits the same branches."""
+        if not self.options.cost_aware_drafts:
+            return math.inf
+        model = self._cost_model
+        return worker.broadcast_from_first_tp_rank(
+            model.free_tokens() if model.has_samples else None)
+
     def _grow_trees(self, rows: list[int], states: list[_RequestState],
                     drafts: list[list[int]], token_ids_cpu: np.ndarray,
-                    num_tokens: np.ndarray) -> None:
+                    num_tokens: np.ndarray, free_tokens: float | None) -> None:
         """Turn each main draft (in ``drafts``, replaced) into a token tree: the main
         draft first, then the pool's most frequent continuations of the last token
         (``tree_candidates``), then the Jacobi window (``tree_window``). Each request
@@ -489,12 +514,10 @@ class LookaheadProposer:
         whole tree: its step is latency-bound, and shrinking it there lowered S without
         raising tokens/s (benchmarks/README.md, run (u))."""
         opts = self.options
-        if len(rows) == 1 or not opts.cost_aware_drafts:
+        if len(rows) == 1:
             free = math.inf
-        elif self._cost_model.has_samples:
-            free = self._cost_model.free_tokens()
         else:
-            free = 0.0
+            free = 0.0 if free_tokens is None else free_tokens
         spare = free - sum(len(drafts[row]) + 1 for row in rows)  # in linear tokens
         for b, (row, state) in enumerate(zip(rows, states)):
             state.tree, state.window_columns = None, []
@@ -562,10 +585,10 @@ class LookaheadProposer:
             self._stats.harvested_ngrams += 1
         state.window = [*window[1:], newest]
 
-    def _cut_to_budget(self, drafts: list[list[int]], states: list[_RequestState]) -> None:
+    def _cut_to_budget(self, drafts: list[list[int]], states: list[_RequestState],
+                       free_tokens: float | None) -> None:
         """Shorten drafts (in place) to the tokens the step's compute affords."""
-        free_tokens = self._cost_model.free_tokens()
-        if math.isinf(free_tokens):
+        if free_tokens is None or math.isinf(free_tokens):
             return
         lengths = np.array([len(draft) for draft in drafts])
         rates = np.array([state.first_token_rate for state in states])

@@ -10,9 +10,11 @@ once per process; the runner and sampler patches only in worker processes.
 | ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0 (CPU, mp executor, TP 1 and 2) |
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | wrapped | hands the runner to a drafter with ``bind_model_runner`` (request ids per batch row) and registers it as verification observer | 0.32.0 (CPU) |
 | ``runner._update_states`` (instance attribute of the bound runner) | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count and whether it holds prompt tokens (the drafter times decode passes until ``propose``) | 0.32.0 (CPU) |
-| ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE) and records the trees of the step | 0.32.0 (CPU) |
-| ``vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward`` | wrapped | recomputes, for tree nodes off the first chain, attention over the prefix and their ancestors only (the kernel is causal over the flat draft) | 0.32.0 (CPU) |
-| ``impl.do_kv_cache_update`` | called on a scratch cache | learns where the backend stores each token's key and value in a block (the CPU layout depends on the ISA), to read the prefix and to move the accepted path's KV | 0.32.0 (CPU, vec and AMX) |
+| ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE), plans the step's branches and their scratch blocks (tree_attention.py) | 0.32.0 (CPU) |
+| ``builder.build`` of each ``runner.attn_groups[0][i].metadata_builders`` (instance attribute) | wrapped | in a step with trees, builds the backend's metadata from ``CommonAttentionMetadata`` split into branch sequences (``tree_attention.split_metadata``) | 0.32.0 (CPU_ATTN) |
+| ``vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward`` | wrapped | before the kernel, fills the branches' scratch blocks (root block copy, path keys and values) and keeps the tree nodes' keys and values for the move after verification | 0.32.0 (CPU) |
+| ``impl.do_kv_cache_update``, ``layer.attn_backend.get_kv_cache_shape`` | called | the backend's own KV writer fills scratch blocks and moves accepted nodes; the shape tells which cache dimension indexes blocks | 0.32.0 (CPU) |
+| ``vllm.v1.core.sched.scheduler.Scheduler.__init__`` | wrapped (every process; acts in the engine core) | with tree drafts on, takes the branches' scratch blocks (the pool's last ids) out of ``kv_cache_manager.block_pool`` with ``touch`` | 0.32.0 (CPU) |
 | ``vllm.v1.sample.rejection_sampler.rejection_sample`` | wrapped | captures the target's argmax (and, if the drafter asks, its top-k with log-probabilities) at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p; verifies tree drafts (longest path the target's greedy choices or samples follow) and moves the accepted path's KV to the positions vLLM expects | 0.32.0 (CPU) |
 | ``vllm.distributed.get_tp_group().broadcast_object`` | called | MTAD drafts on the first tensor-parallel rank only and broadcasts them | 0.32.0 (CPU, TP 2) |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0 (CPU) |
@@ -21,14 +23,15 @@ once per process; the runner and sampler patches only in worker processes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from vllm_lookahead import _patching
-from vllm_lookahead.tree import accepted_path, ancestor_mask, depths_of, is_chain
+from vllm_lookahead import _patching, tree_attention
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.tree import accepted_path, depths_of, is_chain
 
 logger = logging.getLogger(__name__)
 
@@ -70,44 +73,16 @@ class TreeSource(Protocol):
         """Parents of ``[root] + scheduled`` (the request's draft as vLLM scheduled
         it), or None to verify it as a linear draft."""
 
+    def on_tree_planned(self, req_id: str, branches: int | None) -> None:
+        """The tree became ``branches`` extra attention sequences, or (None) it is
+        verified as a linear draft for want of scratch blocks."""
 
-@dataclass
-class _TreeRow:
-    """One request's tree in this step; node 0 is the root (first scheduled token)."""
-
-    parents: np.ndarray
-    slots: np.ndarray  # KV slot of each node, as vLLM assigned them (linear)
-    off_chain: torch.Tensor  # nodes not on the first chain (causal kernel is wrong there)
-    attention_bias: torch.Tensor  # [len(off_chain), nodes]: 0 (ancestor) or -inf
-    req_id: str
-
-
-@dataclass
-class _TreeStep:
-    rows: dict[int, _TreeRow]  # input-batch row -> tree
-    # the KV caches the step's attention used, with their layouts, by data_ptr
-    caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-
-
-@dataclass
-class _PrefixCopy:
-    """A tree request's prefix KV for one cache, unpacked (``[2, kv heads, capacity,
-    head_size]``, float32) and extended each step by the positions added since."""
-
-    kv: torch.Tensor
-    length: int = 0
-
-
-#: Bound on the unpacked prefix copies a worker keeps (beyond it, prefixes are read
-#: from the paged cache at every step, which costs a gather per layer).
-PREFIX_COPY_BYTES = 1 << 30
 
 # One model runner per worker process, hence one observer, one acceptance rule and
-# one step's trees at a time; prefix copies of the requests with trees in it.
+# one step's trees at a time.
 _observer: VerificationObserver | None = None
 _acceptance_rule: AcceptanceRule | None = None
-_tree_step: _TreeStep | None = None
-_prefix_copies: dict[tuple[str, int], _PrefixCopy] = {}
+_tree_step: tree_attention.TreeStep | None = None
 
 
 def install() -> None:
@@ -122,6 +97,9 @@ def install() -> None:
         return __init__
 
     _patching.wrap(worker_base.WorkerBase, "__init__", make_wrapper)
+    from vllm.v1.core.sched import scheduler
+
+    _patching.wrap(scheduler.Scheduler, "__init__", _hold_back_scratch_blocks)
 
 
 def _install_worker_patches() -> None:
@@ -220,199 +198,135 @@ def _hooked_rejection_sample(original):
 
 def _place_tree_nodes(runner: Any, source: TreeSource) -> None:
     """Wrap ``runner._prepare_inputs``: vLLM computes positions and KV slots as if the
-    draft were linear; tree nodes keep those slots but get their depth as position."""
+    draft were linear; tree nodes keep those slots but get their depth as position,
+    and the step's branches get scratch blocks (tree_attention.py)."""
     original = runner._prepare_inputs
 
     def _prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
         global _tree_step
         result = original(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+        _wrap_metadata_builders(runner)
         _tree_step = _trees_of_step(runner, source, scheduler_output)
         return result
 
     runner._prepare_inputs = _prepare_inputs
 
 
-def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any) -> _TreeStep | None:
+def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any
+                   ) -> tree_attention.TreeStep | None:
     spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+    if not spec_tokens:
+        return None
     batch = runner.input_batch
     query_starts = runner.query_start_loc.np
     slot_mapping = batch.block_table[0].slot_mapping.gpu
-    rows = {}
+    block_size = _block_size(runner)
+    block_tables = batch.block_table[0].block_table.np
+    free_blocks = list(_scratch_blocks(runner))
+    rows, branches, prefixes = {}, [], {}
     for row, req_id in enumerate(batch.req_ids):
-        scheduled = spec_tokens.get(req_id) if spec_tokens else None
+        scheduled = spec_tokens.get(req_id)
         if not scheduled:
             continue
         parents = source.draft_tree(req_id, list(scheduled))
         if parents is None or is_chain(parents):
             continue
         start, size = int(query_starts[row]), len(parents)
-        base = int(batch.num_computed_tokens_cpu[row])
-        depths = depths_of(parents)
-        runner.positions[start : start + size] = torch.from_numpy(base + depths).to(
-            runner.positions.device)
-        mask = ancestor_mask(parents)
-        # a node whose earlier nodes are all its ancestors: the causal kernel is right
-        on_chain = (mask | ~np.tri(size, dtype=bool)).all(axis=1)
-        off_chain = np.flatnonzero(~on_chain)
-        bias = np.zeros((len(off_chain), size), dtype=np.float32)
-        bias[~mask[off_chain]] = -np.inf
-        rows[row] = _TreeRow(
-            parents=parents,
-            slots=slot_mapping[start : start + size].cpu().numpy().astype(np.int64),
-            off_chain=torch.from_numpy(off_chain),
-            attention_bias=torch.from_numpy(bias),
-            req_id=req_id,
-        )
-    # a request without a tree in this step (finished, preempted, prefilling or linear)
-    # loses its prefix copy: a recomputed prefix must be read afresh
-    tree_requests = {tree.req_id for tree in rows.values()}
-    for key in [key for key in _prefix_copies if key[0] not in tree_requests]:
-        del _prefix_copies[key]
-    return _TreeStep(rows) if rows else None
+        prefix = int(batch.num_computed_tokens_cpu[row])
+        planned = tree_attention.plan_branches(row, parents, start, prefix, block_size,
+                                               free_blocks)
+        source.on_tree_planned(req_id, None if planned is None else len(planned))
+        if planned is None:  # out of scratch blocks: verified as a linear draft
+            continue
+        runner.positions[start : start + size] = torch.from_numpy(
+            prefix + depths_of(parents)).to(runner.positions.device)
+        rows[row] = tree_attention.TreeRow(
+            req_id=req_id, parents=parents, first_token=start,
+            slots=slot_mapping[start : start + size].cpu().numpy().astype(np.int64))
+        branches.extend(planned)
+        prefixes[row] = prefix
+    if not rows:
+        return None
+    return tree_attention.make_step(rows, branches, block_tables, prefixes, block_size)
+
+
+def _block_size(runner: Any) -> int:
+    return runner.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+
+
+def _scratch_blocks(runner: Any) -> list[int]:
+    """The blocks ``_hold_back_scratch_blocks`` took out of the scheduler's pool."""
+    config = runner.kv_cache_config
+    count = tree_attention.scratch_block_count(
+        config.num_blocks, _block_size(runner), runner.speculative_config.num_speculative_tokens)
+    return tree_attention.scratch_block_ids(config.num_blocks, count)
+
+
+def _wrap_metadata_builders(runner: Any) -> None:
+    """Wrap each attention metadata builder's ``build`` (instance attribute, once): in a
+    step with tree branches it builds from the branch-split common metadata."""
+    if len(runner.attn_groups) != 1:
+        raise ValueError("lookahead: tree_candidates and tree_window need a model with one "
+                         f"KV cache group (this one has {len(runner.attn_groups)}); set both "
+                         "to 0 (linear drafts) for this model")
+    for group in runner.attn_groups[0]:
+        if getattr(group, "kernel_block_size", None) not in (None, _block_size(runner)):
+            raise ValueError("lookahead: tree_candidates and tree_window need the attention "
+                             "kernel's block size to equal the KV cache's; set both to 0")
+        for builder in group.metadata_builders:
+            _patching.wrap(builder, "build", _branch_aware_build)
+
+
+def _branch_aware_build(original):
+    def build(common_prefix_len, common_attn_metadata, *args, **kwargs):
+        step = _tree_step
+        if step is not None and step.branches:
+            common_attn_metadata = tree_attention.split_metadata(common_attn_metadata, step)
+            common_prefix_len = 0  # no cascade attention over the split batch
+            step.metadata_rewritten = True
+        return original(common_prefix_len, common_attn_metadata, *args, **kwargs)
+
+    return build
 
 
 def _tree_aware_forward(original):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 *args, **kwargs):
-        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output,
-                          *args, **kwargs)
         step = _tree_step
         if step is not None and attn_metadata is not None and kv_cache.numel():
-            _attend_over_ancestors(self, layer, query, key, value, kv_cache, attn_metadata,
-                                   output, step)
-        return result
+            tree_attention.prepare_layer(self, layer, key, value, kv_cache, step)
+        return original(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                        *args, **kwargs)
 
     return forward
 
 
-def _attend_over_ancestors(impl, layer, query, key, value, kv_cache, meta, output,
-                           step: _TreeStep) -> None:
-    """Attention of off-chain tree nodes over the prefix (the request's unpacked copy)
-    and their ancestors (this step's keys and values), in float32."""
-    layout = _kv_layout(impl, layer, kv_cache)
-    step.caches.setdefault(kv_cache.data_ptr(), (kv_cache, layout))
-    num_kv_heads = kv_cache.shape[1]
-    heads, head_size = impl.num_heads, impl.head_size
-    group = heads // num_kv_heads
-    queries = query.view(-1, heads, head_size)
-    keys = key.view(-1, num_kv_heads, head_size)
-    values = value.view(-1, num_kv_heads, head_size)
-    out = output.view(-1, heads, head_size)
-    for row, tree in step.rows.items():
-        start, size = int(meta.query_start_loc[row]), len(tree.parents)
-        cached = _prefix_kv(tree.req_id, kv_cache, layout, meta.block_table[row],
-                            int(meta.seq_lens[row]) - size)  # [2, kv heads, prefix, d]
-        rows = start + tree.off_chain
-        q = queries[rows].view(len(rows), num_kv_heads, group, head_size)
-        q = q.permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_size).float() * impl.scale
-        new_keys = keys[start : start + size].transpose(0, 1).float()
-        new_values = values[start : start + size].transpose(0, 1).float()
-        scores = torch.cat([torch.bmm(q, cached[0].transpose(1, 2)),
-                            torch.bmm(q, new_keys.transpose(1, 2))], dim=2)
-        prefix = cached.shape[2]
-        scores = scores.view(num_kv_heads, len(rows), group, -1)
-        scores[..., prefix:] += tree.attention_bias[None, :, None, :]
-        weights = scores.softmax(-1).view(num_kv_heads, len(rows) * group, -1)
-        attended = (torch.bmm(weights[:, :, :prefix], cached[1])
-                    + torch.bmm(weights[:, :, prefix:], new_values))
-        attended = attended.view(num_kv_heads, len(rows), group, head_size)
-        out[rows] = attended.permute(1, 0, 2, 3).reshape(len(rows), heads, head_size).to(
-            out.dtype)
+def _hold_back_scratch_blocks(original):
+    """Wrap ``Scheduler.__init__``: with tree drafts on, take the branches' scratch
+    blocks (the pool's last ids) out of the KV block pool for good."""
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        options = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {})
+        if options.get("method") != "lookahead" or not (
+                options.get("tree_candidates") or options.get("tree_window")):
+            return
+        pool = self.kv_cache_manager.block_pool
+        config = self.kv_cache_config
+        count = tree_attention.scratch_block_count(
+            config.num_blocks, config.kv_cache_groups[0].kv_cache_spec.block_size,
+            self.vllm_config.speculative_config.num_speculative_tokens)
+        blocks = [pool.blocks[i] for i in tree_attention.scratch_block_ids(config.num_blocks,
+                                                                           count)]
+        pool.touch(blocks)
+        logger.info("vllm-lookahead: %d KV blocks held back for tree branches", count)
+
+    return __init__
 
 
-def _prefix_kv(req_id: str, kv_cache: torch.Tensor, layout: torch.Tensor,
-               block_table: torch.Tensor, prefix: int) -> torch.Tensor:
-    """Keys and values of positions ``0..prefix-1``, ``[2, kv heads, prefix, d]``: from
-    the request's prefix copy, extended by the positions added since the last step."""
-    key = (req_id, kv_cache.data_ptr())
-    copy = _prefix_copies.get(key)
-    if copy is None or copy.length > prefix:
-        copy = _PrefixCopy(torch.empty((2, kv_cache.shape[1], 0, kv_cache.shape[3] // 2),
-                                       device=kv_cache.device))
-    if prefix > copy.kv.shape[2]:
-        grown = copy.kv.new_empty((*copy.kv.shape[:2], 2 * prefix, copy.kv.shape[3]))
-        grown[:, :, : copy.length] = copy.kv[:, :, : copy.length]
-        copy.kv = grown
-    if prefix > copy.length:
-        elements = _kv_elements(block_table, torch.arange(copy.length, prefix), kv_cache.shape,
-                                layout)
-        copy.kv[:, :, copy.length : prefix] = kv_cache.view(-1)[elements]
-        copy.length = prefix
-    if key in _prefix_copies or _bytes_of(_prefix_copies.values()) + \
-            _bytes_of([copy]) <= PREFIX_COPY_BYTES:  # the sum only for a new request
-        _prefix_copies[key] = copy
-    return copy.kv[:, :, :prefix]
-
-
-def _bytes_of(copies) -> int:
-    return sum(copy.kv.numel() * copy.kv.element_size() for copy in copies)
-
-
-def _kv_elements(block_table: torch.Tensor, positions: torch.Tensor, shape: torch.Size,
-                 layout: torch.Tensor) -> torch.Tensor:
-    """Element offsets, in a KV cache of ``shape``, of the keys and values at
-    ``positions`` of the request with ``block_table``: ``[2, kv heads, positions, d]``."""
-    _, num_kv_heads, block_size, width = shape
-    region = block_size * width
-    blocks = block_table[positions // block_size].long()
-    within = layout[:, positions % block_size, :]  # [2, prefix, d]
-    heads = torch.arange(num_kv_heads) * region
-    return (blocks[None, None, :, None] * (num_kv_heads * region)
-            + heads[None, :, None, None] + within[:, None, :, :])
-
-
-_kv_layouts: dict[tuple, torch.Tensor] = {}
-
-
-def _kv_layout(impl, layer, kv_cache: torch.Tensor) -> torch.Tensor:
-    """Where a block stores each token's key and value: ``[2, block_size, head_size]``
-    element indices into one (block, kv head) region of the cache.
-
-    The CPU backend packs keys by ISA (AMX tiles, vector lanes), so the layout is
-    learned by writing bit patterns through the backend's own ``do_kv_cache_update``
-    into a scratch cache, then checked on random data.
-    """
-    _, num_kv_heads, block_size, width = kv_cache.shape
-    signature = (kv_cache.dtype, num_kv_heads, block_size, width, getattr(layer, "isa", None))
-    layout = _kv_layouts.get(signature)
-    if layout is not None:
-        return layout
-    head_size = width // 2
-    region = block_size * width
-    codes = torch.arange(1, 2 * block_size * head_size + 1).view(2, block_size, 1, head_size)
-    codes = codes.expand(2, block_size, num_kv_heads, head_size)
-    slots = torch.arange(block_size)
-    found = torch.zeros(num_kv_heads, region, dtype=torch.long)
-    scratch = kv_cache.new_zeros((1, num_kv_heads, block_size, width))
-    for bit in range(int(codes.max()).bit_length()):
-        bits = ((codes >> bit) & 1).to(kv_cache.dtype)
-        scratch.zero_()
-        impl.do_kv_cache_update(layer, bits[0].contiguous(), bits[1].contiguous(), scratch,
-                                slots)
-        found |= (scratch.view(num_kv_heads, region) != 0).long() << bit
-    layout = torch.full((2 * block_size * head_size,), -1, dtype=torch.long)
-    written = found[0] > 0
-    layout[found[0][written] - 1] = torch.nonzero(written).view(-1)
-    layout = layout.view(2, block_size, head_size)
-    sample = torch.randn(2, block_size, num_kv_heads, head_size).to(kv_cache.dtype)
-    order = torch.randperm(block_size)
-    scratch.zero_()
-    impl.do_kv_cache_update(layer, sample[0][order].contiguous(),
-                            sample[1][order].contiguous(), scratch, slots)
-    read = scratch.view(num_kv_heads, region)[:, layout.clamp(min=0)]  # [heads, 2, blk, d]
-    if (layout < 0).any() or not torch.equal(read.permute(1, 2, 0, 3), sample[:, order]):
-        raise RuntimeError(
-            "vllm-lookahead: tree drafts cannot read this attention backend's KV cache "
-            f"layout ({type(impl).__name__}, {kv_cache.dtype}); set tree_candidates=0 and "
-            "tree_window=0 to verify linear drafts")
-    _kv_layouts[signature] = layout
-    return layout
-
-
-def _verify_trees(step: _TreeStep, output: torch.Tensor, draft_token_ids: torch.Tensor,
-                  num_draft_tokens: list[int], target_logits: torch.Tensor,
-                  target_argmax: torch.Tensor, bonus_token_ids: torch.Tensor,
-                  sampling_metadata: Any) -> None:
+def _verify_trees(step: tree_attention.TreeStep, output: torch.Tensor,
+                  draft_token_ids: torch.Tensor, num_draft_tokens: list[int],
+                  target_logits: torch.Tensor, target_argmax: torch.Tensor,
+                  bonus_token_ids: torch.Tensor, sampling_metadata: Any) -> None:
     """Replace vLLM's linear verdict for tree rows (in place): follow, from the root,
     the child whose token the target chose at each node (greedy: its argmax; random:
     a sample of the processed distribution, which is lossless for point-mass drafts
@@ -438,25 +352,13 @@ def _verify_trees(step: _TreeStep, output: torch.Tensor, draft_token_ids: torch.
         emitted = [tokens[node] for node in path] + [predictions[path[-1] if path else 0]]
         output[row].fill_(-1)
         output[row, : len(emitted)] = torch.tensor(emitted, dtype=output.dtype)
+        offset = step.node_offset(row)
         for depth, node in enumerate(path, start=1):
             if node != depth:
-                moves_from.append(tree.slots[node])
+                moves_from.append(offset + node)
                 moves_to.append(tree.slots[depth])
-    if moves_from:
-        _move_kv(step, np.array(moves_from), np.array(moves_to))
-
-
-def _move_kv(step: _TreeStep, sources: np.ndarray, targets: np.ndarray) -> None:
-    """Copy each source slot's key and value to its target slot, in every KV cache the
-    step's attention read (all sources are read before any target is written)."""
-    for cache, layout in step.caches.values():
-        num_blocks, num_kv_heads, block_size, _ = cache.shape
-        elements = layout.permute(1, 0, 2).reshape(block_size, -1)  # [offset, 2 * head]
-        regions = cache.view(num_blocks, num_kv_heads, -1)
-        source_blocks = torch.from_numpy(sources // block_size)[:, None]
-        target_blocks = torch.from_numpy(targets // block_size)[:, None]
-        moved = regions[source_blocks, :, elements[torch.from_numpy(sources % block_size)]]
-        regions[target_blocks, :, elements[torch.from_numpy(targets % block_size)]] = moved
+    tree_attention.move_accepted_kv(step, np.array(moves_from, dtype=np.int64),
+                                    np.array(moves_to, dtype=np.int64))
 
 
 def _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids
@@ -504,9 +406,15 @@ def check_bound(runner: Any) -> None:
         )
 
 
+#: Attention backends whose tree verification (tree_attention.py) has been tested.
+#: The code is backend-neutral; FLASH_ATTN waits for a GPU run (and CUDA graphs that
+#: replay attention without the Python wrapper must be ruled out for tree steps).
+TREE_BACKENDS = ("CPUAttentionBackendImpl",)
+
+
 def check_tree_attention(runner: Any) -> None:
-    """Raise unless every attention layer of the target can take tree masks here: the
-    CPU backend, decoder self-attention without sliding window, ALiBi, soft-capping or
+    """Raise unless every attention layer of the target can take trees here: a tested
+    backend, decoder self-attention without sliding window, ALiBi, soft-capping or
     sinks, an unquantized KV cache and plain (not multimodal) rotary positions."""
     from vllm.model_executor.layers.attention import Attention
 
@@ -517,9 +425,9 @@ def check_tree_attention(runner: Any) -> None:
         if not isinstance(module, Attention):
             continue
         impl = module.impl
-        if type(impl).__name__ != "CPUAttentionBackendImpl":
-            problems.add(f"attention backend {type(impl).__name__} (only CPU_ATTN masks "
-                         "trees in this version)")
+        if type(impl).__name__ not in TREE_BACKENDS:
+            problems.add(f"attention backend {type(impl).__name__} (trees are verified "
+                         "on CPU_ATTN only in this version)")
             continue
         if impl.attn_type != "decoder":
             problems.add(f"{impl.attn_type} attention")
