@@ -11,7 +11,7 @@ prefill step excluded), after a warm-up run.
 
     python -m benchmarks.tree_cost --model smollm2-135m --dtype bfloat16
 
-Writes ``<machine>-<model>-tree-cost-<date>.{json,md,png}`` into benchmarks/results.
+Writes ``<machine>-<model>-tree-cost-<date>[-<tag>].{json,md,png}`` into benchmarks/results.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-tokens", default="8,16,24")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--output-dir", default=str(RESULTS))
+    parser.add_argument("--tag", default="", help="appended to the results file name")
     args = parser.parse_args(argv)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the drafter lives in this process
     from vllm import LLM
@@ -110,7 +111,7 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
 
     now = datetime.now(timezone.utc)
     stem = Path(args.output_dir) / (f"{machine.default_name()}-{args.model}-tree-cost-"
-                                    f"{now:%Y-%m-%d}")
+                                    f"{now:%Y-%m-%d}{'-' + args.tag if args.tag else ''}")
     results = {"created": now.isoformat(timespec="seconds"), "model": args.model,
                "dtype": args.dtype, "machine": machine.describe(),
                "software": machine.software_versions(), "repository": machine.git_state(),

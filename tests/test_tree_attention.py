@@ -5,6 +5,8 @@ run over the split metadata must equal dense attention under the tree's ancestor
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 
 import numpy as np
 import pytest
@@ -89,8 +91,6 @@ class _PagedCache:
     """A stand-in backend: cache ``[blocks, block size, dim]`` (block dimension 0),
     written by slot like every backend's ``do_kv_cache_update``."""
 
-    attn_backend = type("LogicalLayoutBackend", (), {})  # no get_kv_cache_shape: blocks first
-
     def __init__(self, blocks: int, dim: int):
         self.kv = torch.zeros(blocks, BLOCK, 2, dim)
 
@@ -127,6 +127,7 @@ def test_branch_attention_equals_attention_under_the_tree_mask():
     cache.do_kv_cache_update(None, k, v, cache.kv, linear_slots)
     split = tree_attention.split_metadata(common, step)
     step.metadata_rewritten = True
+    tree_attention.copy_root_blocks(tree_attention.stacked([cache.kv]), 0, step)
     tree_attention.prepare_layer(cache, cache, k, v, cache.kv, step)
     out = _paged_causal_attention(q, cache.kv, split)
 
@@ -149,10 +150,32 @@ def test_accepted_nodes_kv_moves_to_the_positions_after_the_root():
     tree_attention.prepare_layer(cache, cache, k, v, cache.kv, step)
     # accepted path root-e-f: nodes 5 and 6 go to depths 1 and 2
     tree = step.rows[1]
-    tree_attention.move_accepted_kv(step, np.array([5, 6]), tree.slots[[1, 2]])
+    tree_attention.move_accepted_kv(step, [2 + 5, 2 + 6], tree.slots[[1, 2]].tolist())
     flat = cache.kv.view(-1, 2, dim)
     assert torch.equal(flat[tree.slots[1], 0], k[2 + 5]) and torch.equal(flat[tree.slots[2], 1], v[2 + 6])
     assert depths_of(PARENTS)[[5, 6]].tolist() == [1, 2]
+
+
+def test_layer_caches_of_one_buffer_copy_blocks_in_one_operation():
+    buffer = torch.arange(3 * 5 * 2 * 4.0)
+    layers = [buffer[i * 40 : (i + 1) * 40].view(5, 2, 4) for i in range(3)]
+    (stacked,) = tree_attention.stacked(layers)
+    assert stacked.shape == (3, 5, 2, 4) and stacked.data_ptr() == buffer.data_ptr()
+    step = SimpleNamespace(copy_from=torch.tensor([1]), copy_to=torch.tensor([4]))
+    tree_attention.copy_root_blocks([stacked], 0, step)
+    assert all(torch.equal(layer[4], layer[1]) for layer in layers)
+    apart = [torch.zeros(5, 2, 4), torch.ones(5, 2, 4)]  # separate allocations
+    assert len(tree_attention.stacked(apart)) == 2
+
+
+def test_block_dimension_from_the_backends_cache_shape():
+    class Split:  # vLLM 0.26 FLASH_ATTN: (2, blocks, block size, heads, head size)
+        @staticmethod
+        def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+            return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    assert tree_attention.block_dim(Split, torch.zeros(2, 9, 16, 1, 8)) == 1
+    assert tree_attention.block_dim(type("Logical", (), {}), torch.zeros(9, 1, 16, 16)) == 0
 
 
 def test_a_step_without_its_split_metadata_refuses_to_attend():

@@ -82,24 +82,16 @@ class TreeRow:
 class TreeStep:
     rows: dict[int, TreeRow]  # input-batch row -> tree
     branches: list[Branch]
-    node_tokens: torch.Tensor  # step token indices of every tree node, rows in order
     copy_from: torch.Tensor  # root blocks to copy into ...
     copy_to: torch.Tensor  # ... each branch's first scratch block
     write_tokens: torch.Tensor  # step token indices written to scratch ...
     write_slots: torch.Tensor  # ... at these slots
+    # step token index of each node off the first chains -> its index in write_tokens
+    kept_index: dict[int, int]
     metadata_rewritten: bool = False
-    # per layer: (impl, layer, kv cache, keys and values of node_tokens)
-    saved_kv: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor]] = field(
+    # per layer: (impl, layer, kv cache, keys and values of write_tokens)
+    kept_kv: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=list)
-
-    def node_offset(self, row: int) -> int:
-        """Index in ``node_tokens`` of the row's root."""
-        offset = 0
-        for other, tree in self.rows.items():
-            if other == row:
-                return offset
-            offset += len(tree.parents)
-        raise KeyError(row)
 
 
 def runs_of(parents: np.ndarray) -> list[tuple[int, int]]:
@@ -145,21 +137,25 @@ def plan_branches(row: int, parents: np.ndarray, first_token: int, prefix: int,
 
 def make_step(rows: dict[int, TreeRow], branches: list[Branch], block_tables: np.ndarray,
               prefixes: dict[int, int], block_size: int) -> TreeStep:
-    """The per-step tensors every layer uses. ``block_tables[row]``: the request's
-    block ids; ``prefixes[row]``: its tokens before the root."""
-    node_tokens = np.concatenate([
-        np.arange(tree.first_token, tree.first_token + len(tree.parents)) for tree in rows.values()])
+    """The per-step tensors. ``block_tables[row]``: the request's block ids;
+    ``prefixes[row]``: its tokens before the root."""
     copies = [(int(block_tables[b.row, b.root_block]), b.scratch[0]) for b in branches
               if prefixes[b.row] % block_size]  # a root opening its block: nothing before it
     copy_from, copy_to = (np.array(pair, dtype=np.int64) for pair in zip(*copies)) if copies \
         else (np.zeros(0, dtype=np.int64),) * 2
+    kept_index, offset = {}, 0
+    for b in branches:  # a branch's run is the end of its path
+        run_start = offset + len(b.path_tokens) - b.num_tokens
+        for i in range(b.num_tokens):
+            kept_index[b.first_token + i] = run_start + i
+        offset += len(b.path_tokens)
     empty = np.zeros(0, dtype=np.int64)
     return TreeStep(
         rows=rows, branches=branches,
-        node_tokens=torch.from_numpy(node_tokens),
         copy_from=torch.from_numpy(copy_from), copy_to=torch.from_numpy(copy_to),
         write_tokens=torch.from_numpy(np.concatenate([b.path_tokens for b in branches] or [empty])),
         write_slots=torch.from_numpy(np.concatenate([b.path_slots for b in branches] or [empty])),
+        kept_index=kept_index,
     )
 
 
@@ -236,12 +232,11 @@ def _cpu(tensor: torch.Tensor) -> np.ndarray:
 _block_dims: dict[type, int] = {}
 
 
-def block_dim(layer: Any, kv_cache: torch.Tensor) -> int:
+def block_dim(backend: type, kv_cache: torch.Tensor) -> int:
     """The dimension of ``kv_cache`` that indexes blocks. Backends that declare
     ``get_kv_cache_shape`` (vLLM 0.26) say it when asked for a block count no other
     dimension has; without it the per-layer view is ``[blocks, heads, tokens, content]``
     (vLLM's logical KV layout, RFC 42082)."""
-    backend = layer.attn_backend
     dim = _block_dims.get(backend)
     if dim is None:
         if not hasattr(backend, "get_kv_cache_shape"):
@@ -260,32 +255,60 @@ def block_dim(layer: Any, kv_cache: torch.Tensor) -> int:
     return dim
 
 
+def stacked(caches: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The layers' caches as few tensors as possible: one ``[layers, ...]`` view when
+    they are equally spaced views of one buffer (vLLM 0.32 allocates them so), so a
+    block copy is one operation for all layers; else the caches themselves."""
+    first = caches[0]
+    if len(caches) > 1:
+        spacing = caches[1].storage_offset() - first.storage_offset()
+        uniform = spacing > 0 and all(
+            cache.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and cache.shape == first.shape and cache.stride() == first.stride()
+            and cache.dtype == first.dtype
+            and cache.storage_offset() == first.storage_offset() + layer * spacing
+            for layer, cache in enumerate(caches))
+        if uniform:
+            return [first.as_strided((len(caches), *first.shape),
+                                     (spacing, *first.stride()), first.storage_offset())]
+    return [cache[None] for cache in caches]
+
+
+def copy_root_blocks(layer_caches: list[torch.Tensor], dim: int, step: TreeStep) -> None:
+    """Once per step, before the forward: each branch's first scratch block becomes a
+    copy of its root's block, in every layer (``layer_caches`` from ``stacked``; ``dim``
+    is a layer cache's block dimension). Positions before the root are final; those
+    from the root on are overwritten by each layer's path writes."""
+    if not len(step.copy_to):
+        return
+    for caches in layer_caches:
+        source = step.copy_from.to(caches.device)
+        caches.index_copy_(dim + 1, step.copy_to.to(caches.device),
+                           caches.index_select(dim + 1, source))
+
+
 def prepare_layer(impl: Any, layer: Any, key: torch.Tensor, value: torch.Tensor,
                   kv_cache: torch.Tensor, step: TreeStep) -> None:
-    """Before one layer's attention: fill the branches' scratch blocks (root block
-    copy, then the paths' keys and values), and keep the tree nodes' keys and values
-    for the move after verification."""
+    """Before one layer's attention: write the branches' paths (root, ancestors, run)
+    into their scratch blocks, and keep those keys and values for the move after
+    verification (every node off a first chain is in its branch's path)."""
     if not step.metadata_rewritten:
         raise RuntimeError("vllm-lookahead: a tree step reached attention without its "
                            "branch metadata (the metadata builder was not wrapped)")
-    if len(step.copy_to):
-        dim = block_dim(layer, kv_cache)
-        kv_cache.index_copy_(dim, step.copy_to.to(kv_cache.device),
-                             kv_cache.index_select(dim, step.copy_from.to(kv_cache.device)))
-    if len(step.write_tokens):
-        tokens = step.write_tokens.to(key.device)
-        impl.do_kv_cache_update(layer, key[tokens].contiguous(), value[tokens].contiguous(),
-                                kv_cache, step.write_slots.to(key.device))
-    nodes = step.node_tokens.to(key.device)
-    step.saved_kv.append((impl, layer, kv_cache, key[nodes], value[nodes]))
+    tokens = step.write_tokens.to(key.device)
+    keys, values = key[tokens], value[tokens]
+    impl.do_kv_cache_update(layer, keys, values, kv_cache, step.write_slots.to(key.device))
+    step.kept_kv.append((impl, layer, kv_cache, keys, values))
 
 
-def move_accepted_kv(step: TreeStep, saved: np.ndarray, slots: np.ndarray) -> None:
-    """Write the kept keys and values at ``saved`` (indices into ``node_tokens``) to
-    ``slots`` in every layer's cache."""
-    if not len(saved):
+def move_accepted_kv(step: TreeStep, tokens: list[int], slots: list[int]) -> None:
+    """Write the kept keys and values of the nodes at step token indices ``tokens``
+    (off the first chain) to ``slots`` in every layer's cache."""
+    if not tokens:
         return
-    for impl, layer, kv_cache, keys, values in step.saved_kv:
-        index = torch.from_numpy(saved).to(keys.device)
-        impl.do_kv_cache_update(layer, keys[index].contiguous(), values[index].contiguous(),
-                                kv_cache, torch.from_numpy(slots).to(keys.device))
+    index = torch.tensor([step.kept_index[token] for token in tokens])
+    targets = torch.tensor(slots, dtype=torch.int64)
+    for impl, layer, kv_cache, keys, values in step.kept_kv:
+        impl.do_kv_cache_update(layer, keys[index.to(keys.device)],
+                                values[index.to(keys.device)], kv_cache,
+                                targets.to(keys.device))

@@ -247,7 +247,26 @@ def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any
         prefixes[row] = prefix
     if not rows:
         return None
-    return tree_attention.make_step(rows, branches, block_tables, prefixes, block_size)
+    step = tree_attention.make_step(rows, branches, block_tables, prefixes, block_size)
+    caches, dim = _layer_caches(runner)
+    tree_attention.copy_root_blocks(caches, dim, step)
+    return step
+
+
+_stacked_caches: dict[int, tuple[list[torch.Tensor], int]] = {}
+
+
+def _layer_caches(runner: Any) -> tuple[list[torch.Tensor], int]:
+    """The runner's KV caches for ``copy_root_blocks`` (stacked once per allocation)
+    and the block dimension of one layer's cache."""
+    first = runner.kv_caches[0]
+    found = _stacked_caches.get(first.data_ptr())
+    if found is None:
+        _stacked_caches.clear()
+        backend = runner.attn_groups[0][0].backend
+        found = _stacked_caches[first.data_ptr()] = (
+            tree_attention.stacked(runner.kv_caches), tree_attention.block_dim(backend, first))
+    return found
 
 
 def _block_size(runner: Any) -> int:
@@ -352,13 +371,11 @@ def _verify_trees(step: tree_attention.TreeStep, output: torch.Tensor,
         emitted = [tokens[node] for node in path] + [predictions[path[-1] if path else 0]]
         output[row].fill_(-1)
         output[row, : len(emitted)] = torch.tensor(emitted, dtype=output.dtype)
-        offset = step.node_offset(row)
         for depth, node in enumerate(path, start=1):
             if node != depth:
-                moves_from.append(offset + node)
-                moves_to.append(tree.slots[depth])
-    tree_attention.move_accepted_kv(step, np.array(moves_from, dtype=np.int64),
-                                    np.array(moves_to, dtype=np.int64))
+                moves_from.append(tree.first_token + node)
+                moves_to.append(int(tree.slots[depth]))
+    tree_attention.move_accepted_kv(step, moves_from, moves_to)
 
 
 def _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids
