@@ -7,7 +7,8 @@ tokens hanging from the root (``tree``: three quarters of the nodes are off the 
 chain, three branch sequences in the attention kernel's batch, each with its scratch
 block filled per layer). ``none`` runs the same engine
 without drafts (T = 0). Step time: mean wall time of the engine's decode steps (the
-prefill step excluded), after a warm-up run.
+prefill step excluded), after a warm-up run; the shapes of one size are measured in turn
+``--repeats`` times and each reports its median (this machine's step times drift).
 
     python -m benchmarks.tree_cost --model smollm2-135m --dtype bfloat16
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", default="128,1024")
     parser.add_argument("--draft-tokens", default="8,16,24")
     parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output-dir", default=str(RESULTS))
     parser.add_argument("--tag", default="", help="appended to the results file name")
     args = parser.parse_args(argv)
@@ -95,10 +97,17 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for prompt_tokens in map(int, args.prompt_tokens.split(",")):
         prompt = rng.integers(3, 30000, prompt_tokens).tolist()
-        rows.append(measure(llm, drafter, prompt, 0, "none", args.new_tokens))
-        for size in map(int, args.draft_tokens.split(",")):
-            for shape in ("linear", "tree"):
-                rows.append(measure(llm, drafter, prompt, size, shape, args.new_tokens))
+        for size, shapes in [(0, ("none",))] + [
+                (size, ("linear", "tree")) for size in map(int, args.draft_tokens.split(","))]:
+            runs = {shape: [] for shape in shapes}
+            for _ in range(args.repeats):
+                for shape in shapes:
+                    runs[shape].append(measure(llm, drafter, prompt, size, shape,
+                                               args.new_tokens))
+            for shape, measured in runs.items():
+                times = [run["ms_per_step"] for run in measured]
+                rows.append({**measured[0], "ms_per_step": float(np.median(times)),
+                             "ms_per_step_runs": times})
                 print(rows[-1], flush=True)
     write(rows, args)
 

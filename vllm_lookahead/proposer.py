@@ -254,7 +254,9 @@ class LookaheadProposer:
                     state.lattice = verified[row].lattice_after(accepted)
                 if state.window_columns:
                     self._slide_window(state, verified[row].predictions)
-            self._adapt_draft_limit(state, main_accepted)
+            # by all accepted tokens: a branch that won says the text is predictable now,
+            # and must not shrink the next main draft to its own few accepted tokens
+            self._adapt_draft_limit(state, accepted)
             if state.draft:
                 self._count_acceptance(state, accepted)
                 verified_lengths.append(len(state.draft))

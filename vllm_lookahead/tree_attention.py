@@ -279,12 +279,9 @@ def copy_root_blocks(layer_caches: list[torch.Tensor], dim: int, step: TreeStep)
     copy of its root's block, in every layer (``layer_caches`` from ``stacked``; ``dim``
     is a layer cache's block dimension). Positions before the root are final; those
     from the root on are overwritten by each layer's path writes."""
-    if not len(step.copy_to):
-        return
-    for caches in layer_caches:
-        source = step.copy_from.to(caches.device)
-        caches.index_copy_(dim + 1, step.copy_to.to(caches.device),
-                           caches.index_select(dim + 1, source))
+    for source, target in zip(step.copy_from.tolist(), step.copy_to.tolist()):
+        for caches in layer_caches:  # no temporary: one strided copy per block
+            caches.select(dim + 1, target).copy_(caches.select(dim + 1, source))
 
 
 def prepare_layer(impl: Any, layer: Any, key: torch.Tensor, value: torch.Tensor,
