@@ -184,3 +184,31 @@ def test_a_step_without_its_split_metadata_refuses_to_attend():
     with pytest.raises(RuntimeError, match="branch metadata"):
         tree_attention.prepare_layer(cache, cache, torch.zeros(9, 8), torch.zeros(9, 8),
                                      cache.kv, step)
+
+
+def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
+    from vllm.v1.core.block_pool import BlockPool
+
+    from vllm_lookahead.worker import _hold_back_scratch_blocks
+
+    num_blocks, block_size, k = 400, 16, 12
+
+    def scheduler_init(self, trees):
+        self.kv_cache_manager = SimpleNamespace(
+            block_pool=BlockPool(num_blocks, enable_caching=True, hash_block_size=block_size))
+        self.kv_cache_config = SimpleNamespace(
+            num_blocks=num_blocks,
+            kv_cache_groups=[SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=block_size))])
+        self.vllm_config = SimpleNamespace(
+            additional_config={"vllm_lookahead": {"method": "lookahead", "tree_window": trees}},
+            speculative_config=SimpleNamespace(num_speculative_tokens=k))
+
+    held = tree_attention.scratch_block_ids(
+        num_blocks, tree_attention.scratch_block_count(num_blocks, block_size, k))
+    for trees, expected_free in ((0, num_blocks - 1), (4, num_blocks - 1 - len(held))):
+        scheduler = SimpleNamespace()
+        _hold_back_scratch_blocks(scheduler_init)(scheduler, trees)
+        pool = scheduler.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == expected_free  # block 0 is vLLM's null block
+        handed_out = {block.block_id for block in pool.get_new_blocks(expected_free)}
+        assert handed_out.isdisjoint(held) == bool(trees)

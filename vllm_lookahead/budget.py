@@ -108,6 +108,46 @@ class AcceptanceByDepth:
         return np.cumprod(conditional)
 
 
+class TreeYield:
+    """Worker-wide yield of tree nodes: accepted tokens off the main drafts per node
+    verified beside them (decayed counts, starting from an optimistic prior so that
+    trees are tried), and tokens per request pass."""
+
+    def __init__(self, decay: float = 0.99, prior_rate: float = 0.2, prior_nodes: float = 20.0):
+        self._nodes = prior_nodes
+        self._accepted = prior_rate * prior_nodes
+        self._passes = 1.0
+        self._tokens = 1.0
+        self._decay = decay
+
+    def add_pass(self, tokens: int, tree_nodes: int, tree_accepted: int) -> None:
+        """One request's verified pass: its tokens, and its tree's nodes off the main
+        draft and how many of them were accepted."""
+        self._passes = self._decay * self._passes + 1
+        self._tokens = self._decay * self._tokens + tokens
+        if tree_nodes:
+            self._nodes = self._decay * self._nodes + tree_nodes
+            self._accepted = self._decay * self._accepted + tree_accepted
+
+    @property
+    def per_node(self) -> float:
+        return self._accepted / self._nodes
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self._tokens / self._passes
+
+    def pays(self, requests: int, step_tokens: int, free_tokens: float,
+             node_cost: float) -> bool:
+        """A tree node (costing ``node_cost`` draft tokens) raises the step's expected
+        tokens per unit of cost: its yield is at least the step's tokens per pass over
+        the step's cost in token units (``free_tokens`` + its tokens)."""
+        if math.isinf(free_tokens):
+            return True
+        expected = requests * self.tokens_per_pass
+        return self.per_node >= node_cost * expected / (free_tokens + step_tokens)
+
+
 def affordable_draft_lengths(
     lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, free_tokens: float
 ) -> np.ndarray:

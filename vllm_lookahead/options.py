@@ -108,7 +108,7 @@ class LookaheadOptions(MethodOptions):
         "while its expected acceptance (its request's recent first-token acceptance times "
         "the worker's acceptance by draft position) raises the expected tokens per second "
         "of the whole step. At batch size 1 it rarely cuts. Tree nodes (tree_candidates, "
-        "tree_window) are added only from what is left, at their higher cost.",
+        "tree_window) are added only from what is left, at their cost per node and tree.",
     )
     corpus_tokens: int = option_field(
         262144, 0,
@@ -128,8 +128,10 @@ class LookaheadOptions(MethodOptions):
     tree_candidates: int = option_field(
         0, 0,
         "Tree drafts: the pool's most frequent continuations of the last token verified "
-        "beside the main draft in one pass (a token tree with an ancestor-only attention "
-        "mask; CPU attention backend); 0 verifies the main draft alone.",
+        "beside the main draft in one pass (a token tree; its branches run through the "
+        "attention kernel as sequences of their own; CPU attention backend); trees are "
+        "built while their measured yield pays for their compute. 0 verifies the main "
+        "draft alone.",
     )
     tree_window: int = option_field(
         0, 0,

@@ -30,7 +30,12 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead import worker
-from vllm_lookahead.budget import AcceptanceByDepth, StepCostModel, affordable_draft_lengths
+from vllm_lookahead.budget import (
+    AcceptanceByDepth,
+    StepCostModel,
+    TreeYield,
+    affordable_draft_lengths,
+)
 from vllm_lookahead.metrics import SnapshotWriter
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
@@ -54,13 +59,16 @@ logger = logging.getLogger(__name__)
 #: SmolLM2 generations (benchmarks/replay.py) for the best compression per draft token.
 DRAFT_LIMIT_GROWTH = 8
 DRAFT_LIMIT_MARGIN = 3
-#: What a tree costs beyond its tokens, in linear draft tokens (``tree_*`` options): each
-#: node off the first chain, and each request with a tree (its masked attention runs in
-#: PyTorch, a few operations per layer). benchmarks/tree_cost.py, run (q), measured
-#: SmolLM2-135M on 2 CPU cores: a draft token 0.45 ms; a tree of 24 nodes, 18 off the
-#: first chain, 11-30 ms more than a linear draft of 24 (25-65 tokens' worth).
-TREE_NODE_COST = 3
-TREE_ROW_COST = 20
+#: What a tree costs, in linear draft tokens (``tree_*`` options): each node off the
+#: first chain, and each request with a tree (root block copies, path writes, the kernel
+#: reading the prefix once more per branch). benchmarks/README.md, runs (v) and (w),
+#: SmolLM2-135M on 2 CPU cores: a draft token ~1.1 ms; a tree of 24 nodes 4-9 ms more
+#: than a linear draft of 24; in the batch-1 run a tree node cost ~1.7 ms of step time.
+TREE_NODE_COST = 2
+TREE_ROW_COST = 6
+#: A request whose trees do not pay still gets one every this many passes, so that the
+#: trees' yield keeps being measured.
+TREE_PROBE_INTERVAL = 16
 #: Per-step decay of a request's first-token acceptance counts (``cost_aware_drafts``):
 #: about its last 10 verified drafts estimate its rate.
 ACCEPTANCE_DECAY = 0.9
@@ -91,6 +99,7 @@ class _RequestState:
     tree_candidates: int = 0  # G and W: the options, or the request's own lower bounds
     tree_window: int = 0
     tree: tuple[list[int], np.ndarray] | None = None
+    passes_without_tree: int = 0  # since the last tree (probing when trees do not pay)
     window: list[list[int]] | None = None  # Jacobi window levels, level 0 first
     # per window column of the last tree: (column, node of its key, its last node)
     window_columns: list[tuple[int, int, int]] = field(default_factory=list)
@@ -165,6 +174,7 @@ class LookaheadProposer:
         self._corpus = ResponseCorpus(self.options.corpus_tokens)
         self._cost_model = StepCostModel()
         self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
+        self._tree_yield = TreeYield()
         self._step_start: tuple[float, int] | None = None
         max_rows = vllm_config.scheduler_config.max_num_seqs
         self._match_out = np.zeros((max_rows, self.num_speculative_tokens), dtype=np.int32)
@@ -247,6 +257,8 @@ class LookaheadProposer:
             self._stats.request_passes += 1
             state.lattice = None
             main_accepted = self._main_draft_accepted(state, sampled_token_ids[row])
+            tree_nodes = len(state.tree[0]) - 1 - len(state.draft) if state.tree else 0
+            self._tree_yield.add_pass(accepted + 1, tree_nodes, accepted - main_accepted)
             if row in verified and self._is_our_draft(state, verified[row].draft):
                 if self.options.harvest_jacobi:
                     self._harvest(state, verified[row], main_accepted)
@@ -508,21 +520,29 @@ class LookaheadProposer:
         """Turn each main draft (in ``drafts``, replaced) into a token tree: the main
         draft first, then the pool's most frequent continuations of the last token
         (``tree_candidates``), then the Jacobi window (``tree_window``). Each request
-        gets at most its K nodes. With several requests in the step (and
-        ``cost_aware_drafts``), trees take only the tokens the cost model says are nearly
-        free, a tree costing ``TREE_ROW_COST`` plus ``TREE_NODE_COST`` per node (none
-        before the model has samples), so under load trees shrink to nothing before main
-        drafts are cut. A lone request gets its
-        whole tree: its step is latency-bound, and shrinking it there lowered S without
-        raising tokens/s (benchmarks/README.md, run (u))."""
+        gets at most its K nodes. Trees are built only while they pay: a tree node must
+        yield (accepted tokens off the main drafts per node, measured on this worker) at
+        least what a draft token of its cost earns the step; on a GPU, where the cost
+        model finds extra tokens nearly free, that is almost always, on a small CPU only
+        for text where trees win often. Requests that do not get trees still probe one
+        every ``TREE_PROBE_INTERVAL`` passes. With several requests in the step (and
+        ``cost_aware_drafts``), trees also take only the tokens the cost model says are
+        nearly free, a tree costing ``TREE_ROW_COST`` plus ``TREE_NODE_COST`` per node
+        (none before the model has samples), so under load trees shrink to nothing
+        before main drafts are cut."""
         opts = self.options
-        if len(rows) == 1:
-            free = math.inf
+        step_tokens = sum(len(drafts[row]) + 1 for row in rows)
+        if free_tokens is None:  # no fit yet: a lone request's step is latency-bound
+            free = math.inf if len(rows) == 1 else 0.0
         else:
-            free = 0.0 if free_tokens is None else free_tokens
-        spare = free - sum(len(drafts[row]) + 1 for row in rows)  # in linear tokens
+            free = free_tokens
+        pays = self._tree_yield.pays(len(rows), step_tokens, free, TREE_NODE_COST)
+        spare = math.inf if len(rows) == 1 else free - step_tokens  # in linear tokens
         for b, (row, state) in enumerate(zip(rows, states)):
             state.tree, state.window_columns = None, []
+            state.passes_without_tree += 1
+            if not pays and state.passes_without_tree < TREE_PROBE_INTERVAL:
+                continue
             main = drafts[row]
             nodes = (spare - TREE_ROW_COST) / TREE_NODE_COST
             cap = min(state.max_draft, self.max_model_len - int(num_tokens[b]) - 1,
@@ -544,6 +564,7 @@ class LookaheadProposer:
                 state.window_columns = []
             else:
                 spare -= TREE_ROW_COST + added * TREE_NODE_COST
+                state.passes_without_tree = 0
                 self._stats.tree_nodes += added
                 state.tree = (builder.tokens, np.array(builder.parents))
                 drafts[row] = builder.draft
