@@ -67,7 +67,7 @@ def _two_requests():
     common = _common_metadata([2, 7], [7, 6 + 7], tables)
     free = list(range(10, 16))
     branches = tree_attention.plan_branches(1, PARENTS, 2, 6, BLOCK, free)
-    tree = tree_attention.TreeRow(req_id="r", parents=PARENTS, first_token=2,
+    tree = tree_attention.TreeRow(parents=PARENTS, first_token=2,
                                   slots=np.arange(4 * BLOCK + 2, 4 * BLOCK + 9))
     step = tree_attention.make_step({1: tree}, branches, np.array(tables), {1: 6}, BLOCK)
     return common, step

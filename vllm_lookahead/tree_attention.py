@@ -72,7 +72,6 @@ class Branch:
 class TreeRow:
     """One request's tree in this step."""
 
-    req_id: str
     parents: np.ndarray
     first_token: int  # step token index of the root
     slots: np.ndarray  # the KV slot vLLM assigned to each node (linear positions)
@@ -169,7 +168,7 @@ def split_metadata(common: Any, step: TreeStep) -> Any:
     know are repeated from the branch's request; cached derived fields are dropped."""
     num_reqs = common.num_reqs
     query_starts = common.query_start_loc_cpu.numpy().astype(np.int64)
-    seq_lens = _cpu(common.seq_lens).astype(np.int64)
+    seq_lens = common.seq_lens.cpu().numpy().astype(np.int64)
     by_row: dict[int, list[Branch]] = {}
     for branch in step.branches:
         by_row.setdefault(branch.row, []).append(branch)
@@ -225,34 +224,21 @@ def split_metadata(common: Any, step: TreeStep) -> Any:
     return dataclasses.replace(common, **changes)
 
 
-def _cpu(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.cpu().numpy() if tensor.device.type != "cpu" else tensor.numpy()
-
-
-_block_dims: dict[type, int] = {}
-
-
 def block_dim(backend: type, kv_cache: torch.Tensor) -> int:
     """The dimension of ``kv_cache`` that indexes blocks. Backends that declare
     ``get_kv_cache_shape`` (vLLM 0.26) say it when asked for a block count no other
     dimension has; without it the per-layer view is ``[blocks, heads, tokens, content]``
     (vLLM's logical KV layout, RFC 42082)."""
-    dim = _block_dims.get(backend)
-    if dim is None:
-        if not hasattr(backend, "get_kv_cache_shape"):
-            dim = 0
-        else:
-            marker = 7919  # prime: no head count, block size or head size equals it
-            shape = backend.get_kv_cache_shape(marker, 16, 1, kv_cache.shape[-1])
-            dims = [i for i, size in enumerate(shape) if size == marker]
-            if len(dims) != 1 or len(shape) != kv_cache.dim():
-                raise RuntimeError(
-                    f"vllm-lookahead: cannot tell the block dimension of "
-                    f"{backend.get_name()}'s KV cache (shape {tuple(shape)}); set "
-                    "tree_candidates=0 and tree_window=0")
-            dim = dims[0]
-        _block_dims[backend] = dim
-    return dim
+    if not hasattr(backend, "get_kv_cache_shape"):
+        return 0
+    marker = 7919  # prime: no head count, block size or head size equals it
+    shape = backend.get_kv_cache_shape(marker, 16, 1, kv_cache.shape[-1])
+    dims = [i for i, size in enumerate(shape) if size == marker]
+    if len(dims) != 1 or len(shape) != kv_cache.dim():
+        raise RuntimeError(
+            f"vllm-lookahead: cannot tell the block dimension of {backend.get_name()}'s "
+            f"KV cache (shape {tuple(shape)}); set tree_candidates=0 and tree_window=0")
+    return dims[0]
 
 
 def stacked(caches: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -201,11 +201,15 @@ def _place_tree_nodes(runner: Any, source: TreeSource) -> None:
     draft were linear; tree nodes keep those slots but get their depth as position,
     and the step's branches get scratch blocks (tree_attention.py)."""
     original = runner._prepare_inputs
+    builders_wrapped = False  # the builders exist once the KV cache is initialized
 
     def _prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
         global _tree_step
+        nonlocal builders_wrapped
         result = original(scheduler_output, num_scheduled_tokens, *args, **kwargs)
-        _wrap_metadata_builders(runner)
+        if not builders_wrapped:
+            _wrap_metadata_builders(runner)
+            builders_wrapped = True
         _tree_step = _trees_of_step(runner, source, scheduler_output)
         return result
 
@@ -241,7 +245,7 @@ def _trees_of_step(runner: Any, source: TreeSource, scheduler_output: Any
         runner.positions[start : start + size] = torch.from_numpy(
             prefix + depths_of(parents)).to(runner.positions.device)
         rows[row] = tree_attention.TreeRow(
-            req_id=req_id, parents=parents, first_token=start,
+            parents=parents, first_token=start,
             slots=slot_mapping[start : start + size].cpu().numpy().astype(np.int64))
         branches.extend(planned)
         prefixes[row] = prefix
@@ -282,8 +286,8 @@ def _scratch_blocks(runner: Any) -> list[int]:
 
 
 def _wrap_metadata_builders(runner: Any) -> None:
-    """Wrap each attention metadata builder's ``build`` (instance attribute, once): in a
-    step with tree branches it builds from the branch-split common metadata."""
+    """Wrap each attention metadata builder's ``build`` (instance attribute): in a step
+    with tree branches it builds from the branch-split common metadata."""
     if len(runner.attn_groups) != 1:
         raise ValueError("lookahead: tree_candidates and tree_window need a model with one "
                          f"KV cache group (this one has {len(runner.attn_groups)}); set both "
