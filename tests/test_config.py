@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -23,11 +24,16 @@ PROPOSER = "vllm_lookahead.proposer.LookaheadProposer"
 
 
 def make_arg_parser():
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser as make
-    except ImportError:  # vLLM 0.26
-        from vllm.entrypoints.openai.cli_args import make_arg_parser as make
-    return make(FlexibleArgumentParser())
+    """vLLM's server argument parser, wherever this vLLM keeps it."""
+    for module in ("vllm.entrypoints.common.cli_args",  # 0.33
+                   "vllm.entrypoints.launchers.cli_args",  # 0.32
+                   "vllm.entrypoints.openai.cli_args"):  # 0.26
+        try:
+            make = importlib.import_module(module).make_arg_parser
+        except ImportError:
+            continue
+        return make(FlexibleArgumentParser())
+    raise ImportError("no make_arg_parser in this vLLM")
 
 
 def engine_config_from_cli(argv):
@@ -144,7 +150,7 @@ def test_bad_cli_options_are_argparse_errors(llama_path, options, message, capsy
 
 def test_incompatible_vllm_is_a_clear_error(llama_path, monkeypatch, capsys):
     monkeypatch.setattr(plugin, "missing_features", lambda: ["create_custom_proposer"])
-    with pytest.raises(ValueError, match=r"needs vLLM 0.26 - 0.32; the installed vLLM .* "
+    with pytest.raises(ValueError, match=r"needs vLLM 0.26 - 0.33; the installed vLLM .* "
                                          r"lacks: create_custom_proposer"):
         EngineArgs(model=llama_path, spec_method="lookahead").create_engine_config()
     with pytest.raises(SystemExit):

@@ -52,13 +52,17 @@ def test_cpu_expand_fix_matches_reference():
         pytest.approx([0.7, 0.7, 1.3, 1.3, 1.3])
 
 
-def test_fix_is_installed_in_the_worker(lookahead_llm):
+def test_fix_is_installed_in_the_worker_where_vllm_needs_it(lookahead_llm):
     def expand_module(worker):
         from vllm.v1.sample import rejection_sampler
 
-        return rejection_sampler.expand_batch_to_tokens.__module__
+        from vllm_lookahead.worker import cpu_expand_is_broken
 
-    assert lookahead_llm.collective_rpc(expand_module) == ["vllm_lookahead.worker"]
+        return cpu_expand_is_broken(), rejection_sampler.expand_batch_to_tokens.__module__
+
+    for broken, module in lookahead_llm.collective_rpc(expand_module):
+        assert module == ("vllm_lookahead.worker" if broken
+                          else "vllm.v1.sample.rejection_sampler")
 
 
 def test_drafts_equal_to_the_targets_sample_are_accepted(lookahead_llm):

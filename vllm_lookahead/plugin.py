@@ -50,7 +50,7 @@ OPTIONS = {"lookahead": (LookaheadOptions, DEFAULT_SPEC_TOKENS),
 MODEL_ALIASES = {"lookahead": "lookahead", "[lookahead]": "lookahead"}
 #: ``SpeculativeConfig`` fields that mean something for a draft-free method.
 SPEC_FIELDS_ACCEPTED = ("method", "model", "num_speculative_tokens")
-SUPPORTED_VLLM = "0.26 - 0.32"
+SUPPORTED_VLLM = "0.26 - 0.33"
 
 
 def missing_features() -> list[str]:

@@ -114,7 +114,7 @@ def _install_worker_patches() -> None:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
         _patching.wrap(CPUAttentionBackendImpl, "forward", _tree_aware_forward)
-    if _cpu_expand_is_broken():
+    if cpu_expand_is_broken():
         _patching.replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
         logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
 
@@ -397,7 +397,7 @@ def _capture(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids
     return capture
 
 
-def _cpu_expand_is_broken() -> bool:
+def cpu_expand_is_broken() -> bool:
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
@@ -457,6 +457,8 @@ def check_tree_attention(runner: Any) -> None:
             problems.add("sliding window, ALiBi, attention sinks or soft-capping")
         if impl.kv_cache_dtype != "auto":
             problems.add(f"kv_cache_dtype {impl.kv_cache_dtype!r}")
+        if getattr(module, "kv_cache_update_bypass", False):  # vLLM 0.33: no K/V to write
+            problems.add("attention without its own key/value (kv_cache_update_bypass)")
     if problems:
         raise ValueError(
             "lookahead: tree_candidates and tree_window need tree attention, which this "

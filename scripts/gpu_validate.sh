@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# GPU validation in one command. On the GPU host, after shared/gpu's kit installed vLLM
+# (stage it with the test and Ray extras: bash shared/gpu/stage.sh --add pytest --add scipy
+# --add matplotlib --add ray), from the repository root:
+#
+#     bash scripts/gpu_validate.sh [--results DIR] [--model PATH] [STEP ...]
+#     bash scripts/gpu_validate.sh --dry-run [STEP ...]    # CPU: same steps, small sizes, .venv
+#
+# Steps (default: all, in this order; each one fits a 10-minute device command):
+#   env      install this package next to the kit's vLLM; record GPU, versions, commit
+#   greedy   pytest on the tiny models: greedy exactness in float32 (asserted), sampling
+#            distribution, then the greedy tests again in bfloat16 (informational: a
+#            k-token verification pass and k one-token passes need not round alike)
+#   server   pytest: the OpenAI-server tests and the plugin under Ray
+#   latency  harness, real model in bf16 with CUDA graphs (as users run it): none / ngram /
+#            lookahead, HumanEval and MT-Bench subsets, batch 1
+#   load     the same through the OpenAI server at concurrency 16
+#   batch64  offline, 64 HumanEval prompts at once: throughput and the proposer's share of
+#            the step at batch 64 (batch 1's share is in the latency table)
+# Every step appends its command, exit status and time to DIR/summary.md; pytest logs and
+# the harness's JSON, Markdown and PNG files go into DIR. Steps may run in separate calls
+# (a device command is limited to 10 minutes): DIR accumulates. Exit status: 1 if any
+# asserted step failed. Trees are not validated on CUDA: tree options are refused there
+# until FLASH_ATTN is enabled for them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+dry_run=0 results="" model="" steps=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    --results) results=$2; shift ;;
+    --model) model=$2; shift ;;
+    -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
+    env|greedy|server|latency|load|batch64) steps+=("$1") ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env greedy server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ ${#steps[@]} -gt 0 ] || steps=(env greedy server latency load batch64)
+
+if [ $dry_run = 1 ]; then
+  bash scripts/setup.sh >/dev/null
+  python=.venv/bin/python
+  model=${model:-smollm2-135m}  # fetched by benchmarks.models (pinned, sha256-checked)
+  prompts=2 tokens=32 concurrency=4 batch=8 kv_bytes=$((1 << 30))
+  engine_args='{"enforce_eager": true}'
+  results=${results:-/tmp/gpu-validate-dry-run}
+else
+  [ -f /tmp/gpu-stage/env.sh ] && source /tmp/gpu-stage/env.sh
+  python=${PYTHON:-python3}
+  model=${model:-/tmp/models/SmolLM2-135M-Instruct}
+  prompts=10 tokens=256 concurrency=16 batch=64 kv_bytes=$((8 << 30))
+  engine_args='{"enforce_eager": false}'
+  results=${results:-benchmarks/results/h100-validate-$(date +%F)}
+fi
+mkdir -p "$results"
+summary=$results/summary.md
+[ -f "$summary" ] || printf '# GPU validation\n\n| step | command | exit | seconds |\n|---|---|---|---|\n' >"$summary"
+export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
+failed=0
+
+# run STEP ASSERTED COMMAND...: runs it, logs to DIR/STEP.log, records the outcome.
+run() {
+  local step=$1 asserted=$2; shift 2
+  local start=$SECONDS status
+  echo "== $step: $*" >&2
+  "$@" >"$results/$step.log" 2>&1
+  status=$?
+  tail -n 3 "$results/$step.log" >&2
+  printf '| %s | `%s` | %s%s | %s |\n' "$step" "$*" "$status" \
+    "$([ "$asserted" = yes ] || echo ' (informational)')" $((SECONDS - start)) >>"$summary"
+  if [ $status != 0 ] && [ "$asserted" = yes ]; then failed=1; fi
+}
+
+missing_modules() {
+  "$python" - "$@" <<'EOF'
+import importlib.util, sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+EOF
+}
+
+harness() {  # harness STEP MODE [extra run.py arguments]
+  local step=$1 mode=$2; shift 2
+  run "$step" yes "$python" -m benchmarks.run --model "$model" --methods none,ngram,lookahead \
+    --dtype bfloat16 --max-tokens "$tokens" --kv-cache-memory-bytes "$kv_bytes" \
+    --engine-args "$engine_args" --mode "$mode" --output-dir "$results" "$@"
+}
+
+for step in "${steps[@]}"; do
+  case $step in
+    env)
+      if [ $dry_run = 0 ]; then  # next to the kit's vLLM (PYTHONPATH), entry point included
+        site=${SITE_DIR:-/tmp/site}
+        run install yes "$python" -m pip install --no-deps --no-index --no-build-isolation \
+          --upgrade --target "$site" .
+      fi
+      run env yes "$python" -c "
+import importlib.metadata as md, os, subprocess, torch, vllm
+print('vllm', vllm.__version__, '| torch', torch.__version__)
+print('gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+print('plugin', md.version('vllm-lookahead'),
+      [e.value for e in md.entry_points(group='vllm.general_plugins')])
+print('commit', os.environ.get('LOOKAHEAD_COMMIT') or subprocess.run(
+    ['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip() or None)"
+      missing=$(missing_modules pytest scipy matplotlib ray openai requests)
+      [ -z "$missing" ] || echo "missing modules: $missing (stage them: bash shared/gpu/stage.sh --add NAME)" \
+        | tee -a "$results/env.log" >&2
+      ;;
+    greedy)
+      run greedy-fp32 yes "$python" -m pytest -q -k "not tree" --junitxml "$results/greedy-fp32.xml" \
+        tests/test_greedy_exact.py tests/test_greedy_qwen2.py tests/test_sampling.py
+      LOOKAHEAD_TEST_DTYPE=bfloat16 run greedy-bf16 no "$python" -m pytest -q -k "not tree" \
+        --junitxml "$results/greedy-bf16.xml" tests/test_greedy_exact.py tests/test_greedy_qwen2.py
+      ;;
+    server)
+      run server yes "$python" -m pytest -q -rs --junitxml "$results/server.xml" \
+        tests/test_server.py tests/test_ray.py
+      ;;
+    latency)
+      harness latency latency --datasets humaneval,mt_bench --num-prompts "$prompts"
+      ;;
+    load)
+      harness load server --datasets humaneval --num-prompts $((2 * concurrency)) \
+        --concurrency "$concurrency"
+      ;;
+    batch64)
+      harness batch64 throughput --datasets humaneval --num-prompts "$batch" \
+        --engine-args "$(sed "s/}$/, \"max_num_seqs\": $batch}/" <<<"$engine_args")"
+      ;;
+  esac
+done
+cat "$summary" >&2
+exit $failed
