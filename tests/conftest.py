@@ -37,9 +37,10 @@ ENGINE_KWARGS = dict(
 
 # Chunked prefill with a 64-token budget splits the long prompts (up to 300 tokens);
 # a KV cache of 1024 tokens cannot hold the 8 requests (~1650 tokens) at once, so
-# some are preempted and recomputed.
+# some are preempted and recomputed (1 MiB in float32, half that in a 2-byte dtype).
+_KV_BYTES_1024_TOKENS = 1024 * 1024 // (1 if ENGINE_KWARGS["dtype"] == "float32" else 2)
 STRESSED = {**ENGINE_KWARGS, "max_model_len": 512, "enable_chunked_prefill": True,
-            "max_num_batched_tokens": 64, "kv_cache_memory_bytes": 1024 * 1024}
+            "max_num_batched_tokens": 64, "kv_cache_memory_bytes": _KV_BYTES_1024_TOKENS}
 
 
 @pytest.fixture(scope="session")
