@@ -15,8 +15,9 @@ request got 400 and every other request was served; the proposer's state count
 (``vllm:lookahead_active_requests``) returns to 0; resident memory of the
 server's process tree grows less than ``--rss-growth-bound-mib`` from the end
 of the first half of the requests to the end (the
-first half warms up vLLM's and the allocator's caches). Writes JSON, Markdown and a PNG
-into benchmarks/results/ (``load-<machine>-<model>-<date>``).
+first half warms up vLLM's and the allocator's caches). Writes the run folder
+benchmarks/results/<date>-<name>/ (``--name``, default ``<machine>-<model>-load-test``):
+results.json, results.md, memory-and-state.png, command.txt.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from benchmarks import machine
 from benchmarks.cpu_env import configure_cpu_env
 from benchmarks.metrics import first_divergence
 from benchmarks.records import PROMETHEUS_SAMPLE
+from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 from benchmarks.server import ApiServer
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 MAX_TOKENS_CHOICES = (16, 64, 128, 256)
 BAD_OPTION = {"lookahead_num_speculative_tokens": 10_000}
 STATE_DRAIN_TIMEOUT_S = 60.0
@@ -320,13 +321,12 @@ def _dataset_prompts(model_path: str, count: int) -> list[list[int]]:
     return [prompter.prompt(sample, []) for name in DATASETS for sample in load(name, per_dataset)]
 
 
-def write_results(results: dict, stem: Path) -> list[Path]:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    json_path = stem.with_suffix(".json")
+def write_results(results: dict, folder: Path) -> list[Path]:
+    json_path = folder / "results.json"
     json_path.write_text(json.dumps(results, indent=1))
-    md_path = stem.with_suffix(".md")
+    md_path = folder / "results.md"
     md_path.write_text(render_markdown(results))
-    png_path = stem.with_suffix(".png")
+    png_path = folder / "memory-and-state.png"
     _plot(results, png_path)
     return [json_path, md_path, png_path]
 
@@ -407,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-growth-bound-mib", type=float, default=128.0)
     parser.add_argument("--request-timeout", type=float, default=900.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, help="results stem (default: benchmarks/results/"
-                        "load-<machine>-<model>-<date>)")
+    add_arguments(parser, "<machine>-<model>-load-test")
     args = parser.parse_args(argv)
     configure_cpu_env()
     if args.kv_cache_memory_bytes is None:
@@ -441,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                            if o.status == "completed")
     date = datetime.date.today().isoformat()
     results = {
-        "command": " ".join(["python -m benchmarks.load_test", *(argv or sys.argv[1:])]),
+        "command": command_line("benchmarks.load_test", argv),
         "date": date, "machine": machine.describe(), "software": machine.software_versions(),
         "git": machine.git_state(),
         "config": {"model": args.model, "dtype": args.dtype, "requests": args.requests,
@@ -462,8 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         "final": load["final"], "samples": load["samples"], "unhealthy": load["unhealthy"],
         "evaluation": evaluation,
     }
-    stem = args.output or RESULTS_DIR / f"load-{machine.default_name()}-{args.model}-{date}"
-    for path in write_results(results, stem):
+    folder = make_run_folder(args.output_dir,
+                             args.name or f"{machine.default_name()}-{args.model}-load-test",
+                             results["command"])
+    for path in write_results(results, folder):
         print(f"wrote {path}")
     print(render_markdown(results))
     return 0 if evaluation["passed"] else 1

@@ -8,8 +8,9 @@ pair, ``mtad`` with the joint rule and ``mtad`` lossless. Reported per method an
 dataset: tokens/s, block efficiency (generated tokens / target forward passes,
 counted by the step loop), perplexity of the generated text under the target (scored
 afterwards by a plain engine from prompt log-probabilities) and HumanEval pass@1 (the
-answer's code and the task's tests, run in a subprocess with a timeout). Writes
-JSON, a Markdown table and a PNG plot into benchmarks/results/.
+answer's code and the task's tests, run in a subprocess with a timeout). Writes the run
+folder benchmarks/results/<date>-<name>/ (``--name``, default ``<machine>-<target>-mtad``):
+results.json, results.md, methods.png, command.txt.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from benchmarks import machine
 from benchmarks.datasets import DATA_DIR, WARMUP, WARMUP_TOKENS, ChatPrompter, load
 from benchmarks.engine_loop import drive
 from benchmarks.models import fetch
+from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PASS_TIMEOUT_S = 10
 
 
@@ -126,9 +127,9 @@ def summarize(name: str, dataset: str, outputs: list[dict], answers: list[str],
     return row
 
 
-def write_results(results: dict, stem: Path) -> list[Path]:
-    """``stem``.json, .md and .png (model names have dots: no ``with_suffix``)."""
-    paths = [stem.parent / f"{stem.name}{suffix}" for suffix in (".json", ".md", ".png")]
+def write_results(results: dict, folder: Path) -> list[Path]:
+    """results.json, results.md and methods.png in ``folder``."""
+    paths = [folder / name for name in ("results.json", "results.md", "methods.png")]
     paths[0].write_text(json.dumps(results, indent=1))
     rows = results["rows"]
     base = {r["dataset"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    add_arguments(parser, "<machine>-<target>-mtad")
     args = parser.parse_args(argv)
 
     from vllm import SamplingParams
@@ -229,9 +230,10 @@ def main(argv: list[str] | None = None) -> None:
                             "seconds": o["seconds"], "target_logprob": o["target_logprob"]}
                            for o in outputs] for name, outputs in runs.items()},
     }
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.output_dir / f"mtad-{machine.default_name()}-{args.target}-{results['date']}"
-    for path in write_results(results, stem):
+    folder = make_run_folder(args.output_dir,
+                             args.name or f"{machine.default_name()}-{args.target}-mtad",
+                             command_line("benchmarks.mtad", argv))
+    for path in write_results(results, folder):
         print(path)
 
 

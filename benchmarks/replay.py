@@ -11,20 +11,23 @@ compare; end-to-end speed still comes from benchmarks.run.
     python -m benchmarks.replay record --model smollm2-135m --num-prompts 20 -o trace.json
     python -m benchmarks.replay run trace.json --methods ngram,suffix,lookahead \
         --method-config lookahead-n5='{"method": "lookahead", "ngram_size": 5}'
+
+`run` prints the table; with ``--name`` it also writes it, with the command and commit, to
+the run folder benchmarks/results/<date>-<name>/ (results.md, command.txt).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+
+from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 MAX_MODEL_LEN = 8192
 
@@ -95,8 +98,9 @@ class Replayer:
 
 class LookaheadReplayer(Replayer):
     def __init__(self, spec: dict):
-        from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, DEFAULT_SPEC_TOKENS
-        from vllm_lookahead.proposer import LookaheadProposer
+        from vllm_lookahead.lookahead.options import DEFAULT_SPEC_TOKENS
+        from vllm_lookahead.lookahead.proposer import LookaheadProposer
+        from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 
         spec = {"num_speculative_tokens": DEFAULT_SPEC_TOKENS, **spec}
         super().__init__(spec)
@@ -238,8 +242,7 @@ def main() -> None:
     run.add_argument("--methods", default="ngram,suffix,lookahead")
     run.add_argument("--method-config", action="append", default=[],
                      help="NAME=JSON: a variant (with 'method') or overrides of NAME")
-    run.add_argument("-o", "--output", help="also write the table, with the command and "
-                     "commit, to this Markdown file")
+    add_arguments(run, None)
     args = parser.parse_args()
 
     if args.command == "record":
@@ -257,17 +260,20 @@ def main() -> None:
              "|---|" + "---|" * len(rows)]
     table += [f"| {key} | " + " | ".join(rows[n][key] for n in rows) + " |" for key in keys]
     print("\n".join(table))
-    if args.output:
+    if args.name:
         from benchmarks.machine import git_state
 
         git = git_state()
         dirty = " (with uncommitted changes)" if git["dirty"] else ""
+        command = command_line("benchmarks.replay")
+        folder = make_run_folder(args.output_dir, args.name, command)
         header = [f"# Replay of {args.trace}", "",
-                  f"* Command: `python -m benchmarks.replay {' '.join(map(shlex.quote, sys.argv[1:]))}`",
+                  f"* Command: `{command}`",
                   f"* Repository: commit {git['commit']}{dirty}",
                   "* Methods: " + "; ".join(f"**{n}** `{json.dumps(c)}`" for n, c in specs.items()),
                   "", __doc__.split("\n\n")[1].replace("\n", " "), ""]
-        Path(args.output).write_text("\n".join(header + table) + "\n")
+        (folder / "results.md").write_text("\n".join(header + table) + "\n")
+        print(f"results: {folder}/")
 
 
 if __name__ == "__main__":

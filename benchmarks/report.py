@@ -1,9 +1,10 @@
 """Markdown tables and PNG plots from a results JSON, recomputed from its raw numbers.
 
-    python -m benchmarks.report benchmarks/results/cpu-2c-smollm2-135m-2026-11-21.json
+    python -m benchmarks.report benchmarks/results/<date>-<name>/results.json
 
-Writes <stem>.md, <stem>-speedup.png, <stem>-compression.png and (server mode)
-<stem>-concurrency.png next to the JSON.
+Writes <stem>.md (results.md), speedup.png, compression.png (offline modes) and
+concurrency.png (server mode) next to the JSON. A plot is written only where it has data:
+no speedup.png without the `none` baseline and another method.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ PER_POSITION_SHOWN = 4
 
 def write_report(results: dict, json_path: Path) -> list[Path]:
     rows = summarize(results["measurements"])
-    stem = json_path.with_suffix("")
-    markdown = Path(f"{stem}.md")
+    markdown = json_path.with_suffix(".md")
     markdown.write_text(render_markdown(results, rows))
-    return [markdown, *write_plots(results, rows, stem)]
+    return [markdown, *write_plots(results, rows, json_path.parent)]
 
 
 # -- Markdown -------------------------------------------------------------------------
@@ -135,39 +135,40 @@ def _proposer(row: dict) -> str:
 
 # -- Plots ----------------------------------------------------------------------------
 
-def write_plots(results: dict, rows: list[dict], stem: Path) -> list[Path]:
+def write_plots(results: dict, rows: list[dict], folder: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     written = []
     offline_modes = [m for m in results["settings"]["modes"] if m != "server"]
     title = f"{results['model']['name']}, {results['machine']['name']}"
-    for metric, label, suffix in (("speedup", "speedup vs none (tokens/s)", "speedup"),
-                                  ("compression", "S = tokens / forward pass", "compression")):
-        panels = [(mode, [r for r in rows if r["mode"] == mode]) for mode in offline_modes]
-        panels = [(mode, panel) for mode, panel in panels if panel]
+    for metric, label in (("speedup", "speedup vs none (tokens/s)"),
+                          ("compression", "S = tokens / forward pass")):
+        panels = []
+        for mode in offline_modes:  # the baseline's speedup is 1 by definition: not drawn
+            drawn = [r for r in rows if r["mode"] == mode
+                     and not (metric == "speedup" and r["method"] == BASELINE)]
+            if any(r[metric] is not None for r in drawn):  # no bars, no panel
+                panels.append((mode, drawn))
         if panels:
-            path = Path(f"{stem}-{suffix}.png")
-            _bar_chart(panels, metric, label, f"{title}: {label}", path,
-                       skip_baseline=metric == "speedup")
+            path = folder / f"{metric}.png"
+            _bar_chart(panels, metric, label, f"{title}: {label}", path)
             written.append(path)
     server_rows = [r for r in rows if r["mode"] == "server"]
     if server_rows:
-        path = Path(f"{stem}-concurrency.png")
+        path = folder / "concurrency.png"
         _concurrency_chart(server_rows, f"{title}: OpenAI server", path)
         written.append(path)
     return written
 
 
-def _bar_chart(panels, metric: str, label: str, title: str, path: Path,
-               skip_baseline: bool) -> None:
+def _bar_chart(panels, metric: str, label: str, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4 * len(panels)), squeeze=False)
     for ax, (mode, rows) in zip(axes[:, 0], panels):
         groups = list(dict.fromkeys(_dataset_label(r) for r in _ordered(rows)))
-        methods = list(dict.fromkeys(r["method"] for r in rows
-                                     if not (skip_baseline and r["method"] == BASELINE)))
+        methods = list(dict.fromkeys(r["method"] for r in rows))
         width = 0.8 / max(len(methods), 1)
         values = {(r["method"], _dataset_label(r)): r[metric] for r in rows}
         for index, method in enumerate(methods):

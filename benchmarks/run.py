@@ -5,9 +5,10 @@
         --mode latency
 
 Every method gets a fresh engine with identical engine arguments, greedy sampling,
-and the same prompts. Writes benchmarks/results/<machine>-<model>-<date>.json (all
-raw numbers, saved after every method), then a Markdown table and PNG plots next
-to it (regenerate them with `python -m benchmarks.report <json>`).
+and the same prompts. Writes a run folder benchmarks/results/<date>-<name>/ (name:
+--name, default <machine>-<model>-<modes>) with command.txt, results.json (all raw
+numbers, saved after every method), then results.md and PNG plots (regenerate them
+with `python -m benchmarks.report <folder>/results.json`).
 See benchmarks/README.md for what each number means.
 """
 
@@ -17,8 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import shlex
-import sys
 import traceback
 from pathlib import Path
 
@@ -28,9 +27,9 @@ from benchmarks.cpu_env import configure_cpu_env
 from benchmarks.datasets import DATASETS, ChatPrompter, Conversations, load
 from benchmarks.models import MODELS, fetch
 from benchmarks.offline import MODES as OFFLINE_MODES
+from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 MODES = (*OFFLINE_MODES, "server")
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA_VERSION = 1
 
 
@@ -99,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine-args", type=json.loads, default={},
                         help="more engine keyword arguments as JSON, identical for all methods")
     parser.add_argument("--machine", default=machine.default_name(),
-                        help="machine label in the results file name")
-    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="results folder")
+                        help="machine label in the run folder's name")
+    add_arguments(parser, "<machine>-<model>-<modes>")
     parser.add_argument("--request-timeout", type=float, default=600,
                         help="server mode: seconds a request may wait for its next chunk")
     parser.add_argument("--server-startup-timeout", type=float, default=900,
@@ -136,7 +135,8 @@ def main(argv: list[str] | None = None) -> Path:
                    **args.engine_args}
     results = _new_results(args, argv, model_name, model_path, counts, datasets, engine_args,
                            selected)
-    path = _results_path(args.output_dir, args.machine, model_name)
+    folder = make_run_folder(args.output_dir, run_name(args, model_name), results["command"])
+    path = folder / "results.json"
 
     from tqdm import tqdm
 
@@ -159,8 +159,13 @@ def main(argv: list[str] | None = None) -> Path:
     from benchmarks.report import write_report
 
     write_report(results, path)
-    print(f"results: {path} (+ .md, .png)")
+    print(f"results: {folder}/")
     return path
+
+
+def run_name(args, model_name: str) -> str:
+    """The run folder's name after the date: --name, or <machine>-<model>-<modes>."""
+    return args.name or f"{args.machine}-{model_name}-{'-'.join(args.mode)}"
 
 
 def _selected_methods(args) -> dict[str, methods_module.Method]:
@@ -182,8 +187,7 @@ def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str,
     return {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, "-m", "benchmarks.run",
-                               *(sys.argv[1:] if argv is None else argv)]),
+        "command": command_line("benchmarks.run", argv),
         "machine": {"name": args.machine, **machine.describe()},
         "software": machine.software_versions(),
         "git": machine.git_state(),
@@ -231,17 +235,6 @@ def _run_method(mode: str, name: str, method, model_name: str, model_path: str,
         traceback.print_exc()
         return {**run, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
     return run
-
-
-def _results_path(directory: Path, machine_name: str, model_name: str) -> Path:
-    """<machine>-<model>-<date>.json, with -2, -3, ... if that name is taken."""
-    directory.mkdir(parents=True, exist_ok=True)
-    stem = f"{machine_name}-{model_name}-{datetime.date.today().isoformat()}"
-    path, index = directory / f"{stem}.json", 1
-    while path.exists():
-        index += 1
-        path = directory / f"{stem}-{index}.json"
-    return path
 
 
 def _save(results: dict, path: Path) -> None:

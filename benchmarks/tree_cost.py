@@ -12,7 +12,8 @@ prefill step excluded), after a warm-up run; the shapes of one size are measured
 
     python -m benchmarks.tree_cost --model smollm2-135m --dtype bfloat16
 
-Writes ``<machine>-<model>-tree-cost-<date>[-<tag>].{json,md,png}`` into benchmarks/results.
+Writes the run folder ``benchmarks/results/<date>-<name>/`` (``--name``, default
+``<machine>-<model>-tree-cost``): results.json, results.md, step-cost.png, command.txt.
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ import json
 import os
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks import machine
 from benchmarks.models import MODELS, fetch
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 
 def tree_parents(size: int, branches: int = 4) -> np.ndarray:
@@ -81,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-tokens", default="8,16,24")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--output-dir", default=str(RESULTS))
-    parser.add_argument("--tag", default="", help="appended to the results file name")
+    add_arguments(parser, "<machine>-<model>-tree-cost")
     args = parser.parse_args(argv)
+    args.command = command_line("benchmarks.tree_cost", argv)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the drafter lives in this process
     from vllm import LLM
 
@@ -119,13 +118,14 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     now = datetime.now(timezone.utc)
-    stem = Path(args.output_dir) / (f"{machine.default_name()}-{args.model}-tree-cost-"
-                                    f"{now:%Y-%m-%d}{'-' + args.tag if args.tag else ''}")
+    folder = make_run_folder(args.output_dir,
+                             args.name or f"{machine.default_name()}-{args.model}-tree-cost",
+                             args.command)
     results = {"created": now.isoformat(timespec="seconds"), "model": args.model,
                "dtype": args.dtype, "machine": machine.describe(),
                "software": machine.software_versions(), "repository": machine.git_state(),
                "rows": rows}
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    (folder / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [f"# Tree step vs linear step, {args.model} ({args.dtype}), batch 1", "",
              "| prompt tokens | draft tokens | shape | ms / step | vs linear |",
              "|---|---|---|---|---|"]
@@ -135,7 +135,7 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
         ratio = r["ms_per_step"] / linear[(r["prompt_tokens"], r["draft_tokens"])]
         lines.append(f"| {r['prompt_tokens']} | {r['draft_tokens']} | {r['shape']} | "
                      f"{r['ms_per_step']:.1f} | {ratio:.2f}x |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    (folder / "results.md").write_text("\n".join(lines) + "\n")
     figure, axis = plt.subplots(figsize=(6, 4))
     for prompt_tokens in sorted({r["prompt_tokens"] for r in rows}):
         for shape, style in (("linear", "-o"), ("tree", "--s")):
@@ -148,8 +148,9 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     axis.set_title(f"{args.model}: tree vs linear step cost")
     axis.legend()
     figure.tight_layout()
-    figure.savefig(stem.with_suffix(".png"))
-    print(stem.with_suffix(".md").read_text())
+    figure.savefig(folder / "step-cost.png")
+    print((folder / "results.md").read_text())
+    print(f"results: {folder}/")
 
 
 if __name__ == "__main__":

@@ -3,17 +3,22 @@
 Fetches SmolLM2-135M-Instruct (pinned, checksummed, cached; see benchmarks/models.py),
 runs a few chat prompts from the vendored prompt sets one at a time, and prints
 tokens/s, the speedup, the compression ratio S (generated tokens per target forward
-pass, counted by the step loop) and whether the outputs are identical.
+pass, counted by the step loop) and whether the outputs are identical. vLLM's log and
+the engine processes' other output go to a log file (its path is printed first) unless
+``--verbose`` is given.
 
-    python -m examples.demo [--model smollm2-135m] [--max-tokens 192] [--prompts 6]
+    python -m examples.demo [--model smollm2-135m] [--max-tokens 192] [--prompts 6] [--verbose]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 from benchmarks.cpu_env import configure_cpu_env
@@ -54,6 +59,32 @@ def run(model_path: str, prompts: list[list[int]], speculative_config, max_token
     return result, proposer
 
 
+@contextlib.contextmanager
+def output_to_log_file():
+    """File descriptors 1 and 2 into a log file while vLLM runs: its log lines (stdout),
+    progress bars and warnings, from this process and from the engine processes, which
+    inherit the descriptors."""
+    log, path = tempfile.mkstemp(prefix="vllm-lookahead-demo-", suffix=".log")
+    print(f"vLLM log: {path}", flush=True)
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, original in enumerate(saved, start=1):
+            os.dup2(original, fd)
+            os.close(original)
+        if not done:
+            print(f"demo failed; vLLM's log: {path}", file=sys.stderr, flush=True)
+
+
 def report(label: str, result: LatencyResult, baseline: LatencyResult) -> str:
     return (f"{label:<12} {result.tokens_per_second:8.1f} tok/s   speedup "
             f"{result.tokens_per_second / baseline.tokens_per_second:4.2f}x   "
@@ -70,26 +101,29 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32",
                         help="float32 (default): exact on CPU, so 'identical outputs' is a "
                              "real check; bfloat16 is faster but two correct runs may differ")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show vLLM's log and progress bars here instead of in a log file")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # lets LLM.collective_rpc ship a function to the local worker (proposer timing)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     configure_cpu_env()
 
-    model_path = str(fetch(args.model))
-    from transformers import AutoTokenizer
+    model_path = str(fetch(args.model))  # a first download reports its progress here
+    with contextlib.nullcontext() if args.verbose else output_to_log_file():
+        from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}],
-                                             add_generation_prompt=True, tokenize=True)
-               for q in demo_questions(args.prompts)]
-    prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                 add_generation_prompt=True, tokenize=True)
+                   for q in demo_questions(args.prompts)]
+        prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
 
-    plain, _ = run(model_path, prompts, None, args.max_tokens, args.dtype)
-    spec = {"method": "lookahead"}
-    if args.num_speculative_tokens is not None:
-        spec["num_speculative_tokens"] = args.num_speculative_tokens
-    lookahead, proposer = run(model_path, prompts, spec, args.max_tokens, args.dtype)
+        plain, _ = run(model_path, prompts, None, args.max_tokens, args.dtype)
+        spec = {"method": "lookahead"}
+        if args.num_speculative_tokens is not None:
+            spec["num_speculative_tokens"] = args.num_speculative_tokens
+        lookahead, proposer = run(model_path, prompts, spec, args.max_tokens, args.dtype)
     identical = sum(a == b for a, b in zip(plain.outputs, lookahead.outputs))
     print(f"\n{args.model} ({args.dtype}), {len(prompts)} Spec-Bench prompts, greedy, "
           f"batch 1, {plain.generated_tokens} tokens generated per method")

@@ -18,8 +18,9 @@
 #   load     the same through the OpenAI server at concurrency 16
 #   batch64  offline, 64 HumanEval prompts at once: throughput and the proposer's share of
 #            the step at batch 64 (batch 1's share is in the latency table)
-# Every step appends its command, exit status and time to DIR/summary.md; pytest logs and
-# the harness's JSON, Markdown and PNG files go into DIR. Steps may run in separate calls
+# Every step appends its command, exit status and time to DIR/summary.md; pytest logs go
+# into DIR, and each harness step makes its run folder there (DIR/DATE-MACHINE-MODEL-MODE/:
+# results.json, results.md, PNG plots, command.txt). Steps may run in separate calls
 # (a device command is limited to 10 minutes): DIR accumulates. Exit status: 1 if any
 # asserted step failed. Trees are not validated on CUDA: tree options are refused there
 # until FLASH_ATTN is enabled for them.

@@ -327,30 +327,110 @@ def test_engine_args_become_server_flags():
         "--max-model-len", "4096", "--compilation-config", '{"mode": 0}']
 
 
-def test_report_renders_every_mode(tmp_path):
-    server = {**_measurement("none", [_request("q", 1, [1, 2], 2)], mode="server"),
-              "concurrency": 4}
-    results = {
+def _results(measurements, modes=("latency",), methods=None, runs=()):
+    return {
         "created": "2026-01-01", "command": "python -m benchmarks.run",
         "machine": {"name": "cpu-2c", "cpu_model": "cpu", "cores_usable": 2,
                     "memory_gib": 8, "platform": "linux"},
         "software": {"vllm": "0"}, "git": {"commit": None, "dirty": None},
         "model": {"name": "m"}, "engine_args": {"dtype": "float32"},
-        "settings": {"modes": ["latency", "server"], "max_tokens": 2,
-                     "num_prompts": {"spec_bench": 1}},
-        "methods": {"none": None, "suffix": {"method": "suffix"}},
-        "runs": [{"method": "suffix", "mode": "latency", "status": "unavailable",
-                  "reason": "needs arctic_inference"}],
-        "measurements": [_measurement("none", [_request("q", 1, [1, 2], 2)]), server],
+        "settings": {"modes": list(modes), "max_tokens": 2, "num_prompts": {"spec_bench": 1}},
+        "methods": methods or {"none": None}, "runs": list(runs), "measurements": measurements,
     }
-    path = tmp_path / "r.json"
+
+
+def test_report_renders_every_mode(tmp_path):
+    server = {**_measurement("none", [_request("q", 1, [1, 2], 2)], mode="server"),
+              "concurrency": 4}
+    results = _results(
+        [_measurement("none", [_request("q", 1, [1, 2], 2)]), server],
+        modes=("latency", "server"), methods={"none": None, "suffix": {"method": "suffix"}},
+        runs=[{"method": "suffix", "mode": "latency", "status": "unavailable",
+               "reason": "needs arctic_inference"}])
+    path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     written = report.write_report(results, path)
-    text = (tmp_path / "r.md").read_text()
+    text = (tmp_path / "results.md").read_text()
     assert "**unavailable**: needs arctic_inference" in text and "spec_bench 1 per category" in text
     assert "| spec_bench/c | none |" in text and "| spec_bench | 4 | none |" in text
-    assert {p.name for p in written} == {"r.md", "r-speedup.png", "r-compression.png",
-                                         "r-concurrency.png"}
+    # only `none` ran offline: S has a bar to draw, a speedup over itself has none
+    assert {p.name for p in written} == {"results.md", "compression.png", "concurrency.png"}
+    assert all(p.parent == tmp_path and p.stat().st_size > 0 for p in written)
+
+
+@pytest.mark.parametrize("methods, speedup_plot", [
+    (["none", "x"], True), (["x", "y"], False), (["none"], False)])
+def test_speedup_plot_only_with_a_baseline_and_another_method(tmp_path, methods, speedup_plot):
+    measurements = [_measurement(m, [_request("q", 1, [1, 2], 1 if m != "none" else 2)])
+                    for m in methods]
+    written = report.write_plots(_results(measurements),
+                                 metrics.summarize(measurements), tmp_path)
+    assert {p.name for p in written} == (
+        {"compression.png", "speedup.png"} if speedup_plot else {"compression.png"})
+    assert sorted(tmp_path.iterdir()) == sorted(written)
+
+
+def test_report_cli_regenerates_tables_and_plots_from_a_results_json(tmp_path, capsys):
+    measurements = [_measurement("none", [_request("q", 1, [1, 2], 2, 1.0)]),
+                    _measurement("x", [_request("q", 1, [1, 2], 1, 0.5)])]
+    folder = tmp_path / "2026-01-01-cpu-2c-m-latency"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(_results(measurements)))
+    report.main([str(folder / "results.json")])
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "compression.png", "results.json", "results.md", "speedup.png"]
+    assert "| spec_bench | x | 4.0 | 2.00x | 2.00 |" in (folder / "results.md").read_text()
+    assert capsys.readouterr().out.split() == [str(folder / n) for n in (
+        "results.md", "speedup.png", "compression.png")]
+
+
+# -- run folders ----------------------------------------------------------------------
+
+def test_run_folder_is_dated_named_and_numbered_only_when_taken(tmp_path):
+    import datetime
+
+    from benchmarks.run_folder import make_run_folder
+
+    today = datetime.date.today().isoformat()
+    parent = tmp_path / "results"  # created on the way
+    first = make_run_folder(parent, "cpu-2c-m-latency", "python -m benchmarks.run --a 'b c'")
+    second = make_run_folder(parent, "cpu-2c-m-latency", "python -m benchmarks.run")
+    third = make_run_folder(parent, "cpu-2c-m-latency", "python -m benchmarks.run")
+    other = make_run_folder(parent, "cpu-2c-m-server", "python -m benchmarks.run")
+    assert [f.name for f in (first, second, third, other)] == [
+        f"{today}-cpu-2c-m-latency", f"{today}-cpu-2c-m-latency-2",
+        f"{today}-cpu-2c-m-latency-3", f"{today}-cpu-2c-m-server"]
+    assert (first / "command.txt").read_text() == "python -m benchmarks.run --a 'b c'\n"
+    assert [p.name for p in first.iterdir()] == ["command.txt"]
+
+
+def test_command_line_quotes_what_the_shell_would_need():
+    import shlex
+
+    from benchmarks.run_folder import command_line
+
+    argv = ["--method-config", 'x={"method": "lookahead"}', "--mode", "latency"]
+    command = command_line("benchmarks.run", argv)
+    assert shlex.split(command) == [sys.executable, "-m", "benchmarks.run", *argv]
+
+
+def test_run_cli_names_its_folder_by_machine_model_and_modes():
+    from benchmarks.run import build_parser, run_name
+
+    args = build_parser().parse_args(["--machine", "h100", "--mode", "latency,server"])
+    assert args.output_dir.name == "results" and args.output_dir.parent.name == "benchmarks"
+    assert run_name(args, "smollm2-135m") == "h100-smollm2-135m-latency-server"
+    args = build_parser().parse_args(["--name", "smollm2-135m-latency-trees"])
+    assert run_name(args, "smollm2-135m") == "smollm2-135m-latency-trees"
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ""])
+def test_run_folder_name_must_not_be_a_path(name, capsys):
+    from benchmarks.run import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--name", name])
+    assert "expected a folder name" in capsys.readouterr().err
 
 
 # -- replay ---------------------------------------------------------------------------
@@ -366,6 +446,34 @@ def test_replay_gives_each_dataset_a_fresh_proposer(second_dataset, second_helpe
     assert tokens == tokens_2 == len(answer) and passes == len(answer)  # nothing to copy
     # within one dataset the first answer is in the corpus and the second one copies it
     assert (passes_2 < passes) == second_helped and (drafted_2 > 0) == second_helped
+
+
+def test_replay_run_writes_its_table_into_a_run_folder(tmp_path, monkeypatch, capsys):
+    import datetime
+
+    from benchmarks import machine, replay
+
+    class NoDrafts(replay.Replayer):
+        def propose(self, request_id, sampled):
+            return []
+
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([{"dataset": "a", "category": "c", "prompt": [1, 2],
+                                  "output": [3, 4, 5]}]))
+    monkeypatch.setitem(replay.REPLAYERS, "ngram", NoDrafts)
+    monkeypatch.setattr(machine, "git_state", lambda: {"commit": "abc", "dirty": False})
+    argv = ["run", str(trace), "--methods", "ngram", "--output-dir", str(tmp_path / "out"),
+            "--name", "m-replay"]
+    monkeypatch.setattr(sys, "argv", ["replay.py", *argv])
+    replay.main()
+    folder = tmp_path / "out" / f"{datetime.date.today().isoformat()}-m-replay"
+    assert sorted(p.name for p in folder.iterdir()) == ["command.txt", "results.md"]
+    command = (folder / "command.txt").read_text()
+    assert command.endswith(" -m benchmarks.replay " + " ".join(argv) + "\n")
+    text = (folder / "results.md").read_text()
+    assert f"* Command: `{command.strip()}`" in text and "* Repository: commit abc" in text
+    assert "| all | 1.000 (0.0) |" in text  # 3 tokens in 3 passes, nothing drafted
+    assert f"results: {folder}/" in capsys.readouterr().out
 
 
 def test_mtad_pass_at_1_checker_runs_the_tasks_tests():

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from vllm_lookahead.budget import (
+from vllm_lookahead.lookahead.budget import (
     MIN_SAMPLES,
     AcceptanceByDepth,
     StepCostModel,

@@ -12,15 +12,15 @@ from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 import vllm_lookahead  # noqa: F401  (registers, as the entry point does in vLLM processes)
-from vllm_lookahead import plugin
-from vllm_lookahead.options import (
-    ADDITIONAL_CONFIG_KEY,
+from vllm_lookahead import engine_config, plugin
+from vllm_lookahead.lookahead.options import (
     DEFAULT_SPEC_TOKENS,
     LookaheadOptions,
-    options_table,
+    lookahead_options_table,
 )
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 
-PROPOSER = "vllm_lookahead.proposer.LookaheadProposer"
+PROPOSER = "vllm_lookahead.lookahead.proposer.LookaheadProposer"
 
 
 def make_arg_parser():
@@ -149,7 +149,7 @@ def test_bad_cli_options_are_argparse_errors(llama_path, options, message, capsy
 
 
 def test_incompatible_vllm_is_a_clear_error(llama_path, monkeypatch, capsys):
-    monkeypatch.setattr(plugin, "missing_features", lambda: ["create_custom_proposer"])
+    monkeypatch.setattr(engine_config, "missing_features", lambda: ["create_custom_proposer"])
     with pytest.raises(ValueError, match=r"needs vLLM 0.26 - 0.33; the installed vLLM .* "
                                          r"lacks: create_custom_proposer"):
         EngineArgs(model=llama_path, spec_method="lookahead").create_engine_config()
@@ -173,7 +173,7 @@ def test_readme_documents_every_option():
     from pathlib import Path
 
     readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
-    assert options_table() in readme
+    assert lookahead_options_table() in readme
     for name in LookaheadOptions.names():
         assert f"`{name}`" in readme
     from vllm_lookahead.mtad.options import mtad_options_table

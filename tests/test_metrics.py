@@ -7,7 +7,7 @@ import dataclasses
 from conftest import fake_vllm_config
 
 from vllm_lookahead import metrics
-from vllm_lookahead.proposer import ProposerStats
+from vllm_lookahead.metrics import ProposerStats
 
 
 def samples(collector) -> dict:

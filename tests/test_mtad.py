@@ -32,7 +32,7 @@ from vllm_lookahead.mtad.drafter import (
     DraftJob,
     sampling_distribution,
 )
-from vllm_lookahead.plugin import parse_speculative_config_arg, rewrite_speculative_config
+from vllm_lookahead.engine_config import parse_speculative_config_arg, rewrite_speculative_config
 
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
 

@@ -10,13 +10,20 @@ import pytest
 import torch
 from conftest import fake_vllm_config
 
-from vllm_lookahead import worker
-from vllm_lookahead.budget import MIN_SAMPLES
-from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, LookaheadOptions, request_overrides
-from vllm_lookahead.pool import NgramPool, ResponseCorpus, _suffix_match
-from vllm_lookahead.proposer import DRAFT_LIMIT_MARGIN, LookaheadProposer, _RequestState
+from vllm_lookahead.lookahead import proposer as proposer_module
+from vllm_lookahead.lookahead.budget import MIN_SAMPLES
+from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
+from vllm_lookahead.lookahead.proposer import LookaheadProposer
+from vllm_lookahead.lookahead.sources.context import suffix_match
+from vllm_lookahead.lookahead.sources.corpus import ResponseCorpus
+from vllm_lookahead.lookahead.sources.pool import NgramPool
+from vllm_lookahead.lookahead.sources.rescoring import rescored
+from vllm_lookahead.lookahead.state import DRAFT_LIMIT_MARGIN, RequestState
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.worker.runner import is_decode_only
+from vllm_lookahead.worker.sampler import capture_verification
 from vllm_lookahead.tree import path_by_tokens
-from vllm_lookahead.worker import VerificationCapture
+from vllm_lookahead.worker.hooks import VerificationCapture
 
 MAX_LEN = 64
 
@@ -56,7 +63,7 @@ class Batch:
         return proposer.propose(sampled, self.num_tokens, self.tokens)
 
 
-def reference_suffix_match(tokens, min_n, max_n, max_out, min_prob):
+def referencesuffix_match(tokens, min_n, max_n, max_out, min_prob):
     """Longest suffix (min_n..max_n); follow its occurrences' most frequent continuation
     (ties: most recent) while the product of the frequencies stays >= min_prob."""
     n = len(tokens)
@@ -89,17 +96,17 @@ def test_suffix_match_agrees_with_reference(min_prob):
         n = rng.randint(1, 40)
         tokens = [rng.randint(0, 4) for _ in range(n)]
         out = np.zeros(5, dtype=np.int32)
-        count, _, _ = _suffix_match(np.array(tokens, np.int32), n, 2, 4, 5, min_prob, out)
-        assert out[:count].tolist() == reference_suffix_match(tokens, 2, 4, 5, min_prob), tokens
+        count, _, _ = suffix_match(np.array(tokens, np.int32), n, 2, 4, 5, min_prob, out)
+        assert out[:count].tolist() == referencesuffix_match(tokens, 2, 4, 5, min_prob), tokens
 
 
 def test_suffix_match_follows_the_most_frequent_continuation():
     # "1 2 3" occurred three times: followed by 9, 7, 7 (most recent last)
     tokens = np.array([1, 2, 3, 9, 5, 1, 2, 3, 7, 6, 1, 2, 3, 7, 8, 1, 2, 3], np.int32)
     out = np.zeros(6, dtype=np.int32)
-    assert _suffix_match(tokens, len(tokens), 2, 4, 6, 0.0, out)[:2] == (5, 3)
+    assert suffix_match(tokens, len(tokens), 2, 4, 6, 0.0, out)[:2] == (5, 3)
     assert out[:5].tolist() == [7, 8, 1, 2, 3]  # 7 (2 of 3), then 8 (tie: most recent)
-    count, _, prob = _suffix_match(tokens, len(tokens), 2, 4, 6, 0.5, out)
+    count, _, prob = suffix_match(tokens, len(tokens), 2, 4, 6, 0.5, out)
     assert (count, prob) == (1, pytest.approx(2 / 3))  # 2/3 * 1/2 < 0.5 stops after 7
 
 
@@ -143,14 +150,14 @@ def test_corpus_matches_a_brute_force_search_and_keeps_fixed_memory():
     occurrences of the last bigram), through many drops of the oldest half."""
     rng = random.Random(7)
     corpus = ResponseCorpus(capacity=500)
-    arrays = (corpus._tokens, corpus._prev, corpus._heads)
+    arrays = corpus.storage
     for _ in range(400):
         corpus.add([rng.randrange(6) for _ in range(rng.randint(1, 30))])
         suffix = [rng.randrange(6) for _ in range(rng.randint(2, 8))]
         assert corpus.match(suffix, 2, 6, 4) == brute_force_match(
-            corpus._tokens[: len(corpus)].tolist(), suffix, 6, 4)
+            corpus.storage[0][: len(corpus)].tolist(), suffix, 6, 4)
     assert len(corpus) <= 500
-    assert all(a is b for a, b in zip(arrays, (corpus._tokens, corpus._prev, corpus._heads)))
+    assert all(a is b for a, b in zip(arrays, corpus.storage))
     assert sum(a.nbytes for a in arrays) == ResponseCorpus.bytes_for(500)
 
 
@@ -264,17 +271,17 @@ def test_state_freed_on_finish_or_preemption_and_rebuilt_on_resume():
     proposer, runner = make_proposer(ngram_size=2)
     batch = Batch(runner, {"a": [5, 6, 5, 6, 5], "b": [1, 2, 3], "c": [7, 8]})
     batch.propose(proposer, [[5], [3], [8]])
-    assert set(proposer._states) == {"a", "b", "c"}
+    assert set(proposer.states) == {"a", "b", "c"}
     proposer.on_requests_removed(set(), {"a"})  # preempted: the runner keeps its state
     batch.set({"b": [1, 2, 3, 4]})  # c is only unscheduled this step: its state stays
     batch.propose(proposer, [[4]])
-    assert set(proposer._states) == {"b", "c"}
+    assert set(proposer.states) == {"b", "c"}
     batch.set({"b": [1, 2, 3, 4, 1], "a": [5, 6, 5, 6, 5, 6]})  # a resumed
     drafts = batch.propose(proposer, [[1], [6]])
     assert drafts[1][:2] == [5, 6]
     del runner.requests["c"]  # finished while unscheduled: the safety net frees it
     batch.propose(proposer, [[1], [6]])
-    assert set(proposer._states) == {"a", "b"}
+    assert set(proposer.states) == {"a", "b"}
     assert proposer.stats.active_requests == 2
 
 
@@ -310,7 +317,7 @@ def test_jacobi_harvest_reads_predictions_after_the_first_rejection():
     proposer.on_verification(capture([draft], [[42, 50, 51, 52]], [53]))
     batch.set({"a": context + [42, 50]})
     batch.propose(proposer, [[42, 50]])
-    pool = proposer._states["a"].pool
+    pool = proposer.states.get("a").pool
     assert pool.best(43, 8)[0] == (51, 52)  # Jacobi n-grams past the rejection
     assert pool.best(44, 8)[0] == (52, 53)
     assert proposer.stats.harvested_ngrams == 3  # keys 42, 43, 44; the key-41 window is output
@@ -353,33 +360,37 @@ def test_rescoring_drafts_the_lattice_path_after_a_rejection(rescoring_top_k):
 
 def test_rescoring_ranks_pool_entries_by_frequency_and_lattice_probability():
     proposer, _ = make_proposer(k=4, ngram_size=3, rescoring_top_k=2)
-    state = _RequestState(NgramPool(3, 8, 100), prompt_len=0, next_ngram_start=0)
+    state = RequestState(NgramPool(3, 8, 100), prompt_len=0, next_ngram_start=0)
     for continuation in [(1, 2), (1, 2), (3, 4)]:
         state.pool.add(9, continuation)
     # the lattice is nearly sure of 3 then 4: that beats (1, 2)'s higher count
     state.lattice = [[3, 7], [4, 8]], [[-0.05, -4.0], [-0.05, -4.0]]
-    (best, share), from_lattice = proposer._rescored(state, 9)
+    opts = proposer.options
+    (best, share), from_lattice = rescored(state.pool, state.lattice, 9, opts.guess_set_size,
+                                           opts.ngram_size)
     assert best == (3, 4) and not from_lattice  # the lattice's path is a pool entry
     assert 0.5 < share < 1.0
     # an undecided lattice leaves the pool's frequencies in charge
     state.lattice = [[3, 1], [4, 2]], [[-0.69, -0.70], [-0.69, -0.70]]
-    assert proposer._rescored(state, 9)[0][0] == (1, 2)
+    assert rescored(state.pool, state.lattice, 9, opts.guess_set_size,
+                    opts.ngram_size)[0][0] == (1, 2)
 
 
-def test_capture_top_k_log_probabilities(monkeypatch):
-    monkeypatch.setattr(worker, "_observer", SimpleNamespace(capture_top_k=2))
+def test_capture_top_k_log_probabilities():
     logits = torch.tensor([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 2.5]])
-    result = worker._capture(torch.tensor([1, 0]), [2], logits, torch.tensor([[2]]))
+    result = capture_verification(torch.tensor([1, 0]), [2], logits, torch.tensor([[2]]),
+                                  top_k=2)
     expected_logprobs, expected_ids = torch.log_softmax(logits, -1).topk(2, -1)
     assert result.target_top_ids.tolist() == expected_ids.tolist() == [[1, 2], [0, 3]]
     assert torch.allclose(result.target_top_logprobs, expected_logprobs)
-    monkeypatch.setattr(worker, "_observer", SimpleNamespace())
-    assert worker._capture(torch.tensor([1, 0]), [2], logits,
-                           torch.tensor([[2]])).target_top_ids is None
+    assert capture_verification(torch.tensor([1, 0]), [2], logits,
+                                torch.tensor([[2]])).target_top_ids is None
 
 
 @pytest.mark.parametrize("cost_aware", [True, False])
-def test_expensive_tokens_cut_drafts_under_load(cost_aware):
+def test_expensive_tokens_cut_drafts_under_load(cost_aware, monkeypatch):
+    now = [0.0]  # the proposer's clock, moved by the test
+    monkeypatch.setattr(proposer_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     proposer, runner = make_proposer(k=4, cost_aware_drafts=cost_aware,
                                      adaptive_draft_length=False)
     periodic = [1, 2, 3] * 6
@@ -389,9 +400,10 @@ def test_expensive_tokens_cut_drafts_under_load(cost_aware):
     # accepted at least as often as a pass yields tokens per token computed (1 here)
     for n in range(MIN_SAMPLES):
         proposer.on_step_start(8 + n, decode_only=True)
-        proposer._step_start = (proposer._step_start[0] - 0.01 * (8 + n), 8 + n)
+        now[0] += 0.01 * (8 + n)
         batch.propose(proposer, [[3]] * 8)
         proposer.on_step_start(500, decode_only=False)  # a prefill step: not timed
+        now[0] += 0.5
         batch.propose(proposer, [[3]] * 8)
     lengths = list(map(len, batch.propose(proposer, [[3]] * 8)))
     assert lengths == ([0] * 8 if cost_aware else [4] * 8)
@@ -408,8 +420,8 @@ def test_decode_only_steps_are_told_apart_from_prefill_steps():
     def step(scheduled, drafts):
         return SimpleNamespace(num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens=drafts)
 
-    assert worker._is_decode_only(step({"a": 1, "b": 4}, {"b": [7, 8, 9]}))
-    assert not worker._is_decode_only(step({"a": 1, "b": 64}, {}))  # b's prompt chunk
+    assert is_decode_only(step({"a": 1, "b": 4}, {"b": [7, 8, 9]}))
+    assert not is_decode_only(step({"a": 1, "b": 64}, {}))  # b's prompt chunk
 
 
 def test_tree_drafts_hang_pool_candidates_and_the_window_below_the_main_draft():
@@ -425,7 +437,7 @@ def test_tree_drafts_hang_pool_candidates_and_the_window_below_the_main_draft():
     runner.requests["linear"] = SimpleNamespace(sampling_params=SamplingParams(
         temperature=0, extra_args={"lookahead_tree_candidates": 0, "lookahead_tree_window": 0}))
     for _ in range(MIN_SAMPLES):  # timed passes whose cost does not grow with tokens:
-        proposer._cost_model.add(random.randrange(2, 40), 0.01)  # trees for two rows
+        proposer.cost_model.add(random.randrange(2, 40), 0.01)  # trees for two rows
     tree_draft, linear_draft = batch.propose(proposer, [[5], [5]])
     assert linear_draft == [1, 4]
     assert proposer.draft_tree("linear", linear_draft) is None

@@ -22,7 +22,7 @@ from conftest import (
 )
 from vllm import LLM, SamplingParams
 
-from vllm_lookahead.worker import expand_batch_to_tokens
+from vllm_lookahead.worker.sampler import expand_batch_to_tokens
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +56,12 @@ def test_fix_is_installed_in_the_worker_where_vllm_needs_it(lookahead_llm):
     def expand_module(worker):
         from vllm.v1.sample import rejection_sampler
 
-        from vllm_lookahead.worker import cpu_expand_is_broken
+        from vllm_lookahead.worker.sampler import cpu_expand_is_broken
 
         return cpu_expand_is_broken(), rejection_sampler.expand_batch_to_tokens.__module__
 
     for broken, module in lookahead_llm.collective_rpc(expand_module):
-        assert module == ("vllm_lookahead.worker" if broken
+        assert module == ("vllm_lookahead.worker.sampler" if broken
                           else "vllm.v1.sample.rejection_sampler")
 
 

@@ -21,8 +21,8 @@ from conftest import (
 )
 from vllm import LLM, SamplingParams
 
-from vllm_lookahead.proposer import _allows_trees
-from vllm_lookahead.worker import check_tree_attention
+from vllm_lookahead.worker.runner import allows_trees
+from vllm_lookahead.worker.tree_step import check_tree_attention
 from vllm_lookahead.tree import (
     TreeBuilder,
     accepted_path,
@@ -63,11 +63,11 @@ def test_walks_follow_the_targets_choice_at_each_node():
 
 
 def test_requests_whose_sampling_depends_on_draft_position_get_linear_drafts():
-    assert _allows_trees(SamplingParams(temperature=0.7, top_p=0.9))
-    assert not _allows_trees(None)
+    assert allows_trees(SamplingParams(temperature=0.7, top_p=0.9))
+    assert not allows_trees(None)
     for params in (SamplingParams(logprobs=2), SamplingParams(repetition_penalty=1.1),
                    SamplingParams(frequency_penalty=0.5), SamplingParams(min_tokens=3)):
-        assert not _allows_trees(params)
+        assert not allows_trees(params)
 
 
 #: Sampling: no main draft at all (no context match, no pool draft), so every accepted

@@ -13,7 +13,7 @@ import pytest
 import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
-from vllm_lookahead import tree_attention
+from vllm_lookahead.worker import tree_attention
 from vllm_lookahead.tree import ancestor_mask, depths_of
 
 BLOCK = 4
@@ -189,7 +189,7 @@ def test_a_step_without_its_split_metadata_refuses_to_attend():
 def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
     from vllm.v1.core.block_pool import BlockPool
 
-    from vllm_lookahead.worker import _hold_back_scratch_blocks
+    from vllm_lookahead.worker.scheduler import hold_back_scratch_blocks
 
     num_blocks, block_size, k = 400, 16, 12
 
@@ -207,7 +207,7 @@ def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
         num_blocks, tree_attention.scratch_block_count(num_blocks, block_size, k))
     for trees, expected_free in ((0, num_blocks - 1), (4, num_blocks - 1 - len(held))):
         scheduler = SimpleNamespace()
-        _hold_back_scratch_blocks(scheduler_init)(scheduler, trees)
+        hold_back_scratch_blocks(scheduler_init)(scheduler, trees)
         pool = scheduler.kv_cache_manager.block_pool
         assert pool.get_num_free_blocks() == expected_free  # block 0 is vLLM's null block
         handed_out = {block.block_id for block in pool.get_new_blocks(expected_free)}

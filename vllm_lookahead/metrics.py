@@ -11,6 +11,10 @@ data-parallel engine is reported.
 
 Not exported with ``--api-server-count`` > 1: vLLM then serves a multiprocess
 registry that this collector is not part of.
+
+| vLLM attribute | patch | why | verified on |
+|---|---|---|---|
+| ``vllm.v1.metrics.loggers.PrometheusStatLogger.__init__`` (``vllm_config``, ``engine_indexes``) | wrapped | points the collector at the new engine, after vLLM has replaced its own collectors | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vllm_lookahead import _patching
+from vllm_lookahead.options import method_config
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,51 @@ GAUGES = [
     ("vllm:lookahead_corpus_size_tokens", "corpus_size",
      "Tokens held in the cross-request response corpus."),
 ]
+
+
+@dataclass
+class ProposerStats:
+    """Counters read by benchmarks (through ``LLM.collective_rpc``) and tests."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    drafts: int = 0
+    draft_tokens: int = 0
+    cut_tokens: int = 0  # draft tokens dropped because the step could not afford them
+    suffix_tokens: int = 0
+    corpus_tokens: int = 0
+    pool_tokens: int = 0
+    lattice_tokens: int = 0  # from the lattice's top path (draft rescoring chose it)
+    tree_nodes: int = 0  # verified beside the main drafts (tree candidates and window)
+    tree_accepted: int = 0  # accepted tokens that were tree nodes off the main draft
+    tree_branches: int = 0  # runs off the first chain, verified as sequences of their own
+    tree_fallbacks: int = 0  # trees verified as linear drafts (scratch blocks ran out)
+    harvested_ngrams: int = 0
+    generated_tokens: int = 0  # by decoding requests, over
+    request_passes: int = 0  # their target forward passes (S = the ratio)
+    active_requests: int = 0
+    pool_ngrams: int = 0  # held by active requests' pools
+    corpus_size: int = 0  # tokens held by the response corpus
+
+
+def install() -> None:
+    """Export our counters wherever vLLM sets up its Prometheus metrics."""
+    try:
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+    except ImportError:
+        logger.warning("vllm-lookahead: no vllm.v1.metrics.loggers.PrometheusStatLogger; "
+                       "lookahead metrics are not exported")
+        return
+
+    def make_wrapper(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if method_config(self.vllm_config):
+                watch_engine(self.vllm_config, getattr(self, "engine_indexes", None) or [0])
+
+        return __init__
+
+    _patching.wrap(PrometheusStatLogger, "__init__", make_wrapper)
 
 
 def snapshot_dir(vllm_config: Any) -> Path | None:

@@ -1,4 +1,5 @@
-"""The lookahead method's options: defaults, documentation and validation.
+"""What every method's options share: declaration, validation, documentation, and the
+one place that reads them back from the engine configuration.
 
 Options travel from ``speculative_config`` (keys that vLLM's ``SpeculativeConfig``
 does not know) to the workers inside ``VllmConfig.additional_config``, so they are
@@ -8,7 +9,7 @@ validated once, at startup, in the process that parses the configuration.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 #: Key under which the options are stored in ``VllmConfig.additional_config``.
@@ -16,7 +17,19 @@ ADDITIONAL_CONFIG_KEY = "vllm_lookahead"
 
 MIN_SPEC_TOKENS = 1
 MAX_SPEC_TOKENS = 128  # vLLM's rejection sampler asserts max_spec_len <= 128
-DEFAULT_SPEC_TOKENS = 24
+
+
+def method_config(vllm_config: Any) -> dict[str, Any]:
+    """Our method's name (``"method"``) and options as stored in the engine config; empty
+    when the engine runs none of our methods."""
+    return dict((vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {}))
+
+
+def method_options(vllm_config: Any, options_cls: type) -> Any:
+    """The running method's validated options."""
+    values = method_config(vllm_config)
+    values.pop("method", None)
+    return options_cls.from_dict(values)
 
 
 def option_field(default: Any, low: float | None, doc: str, high: float | None = None,
@@ -49,7 +62,7 @@ class MethodOptions:
             )
         for f in dataclasses.fields(cls):
             if f.name in values:
-                values[f.name] = _check_value(f, values[f.name], f"{cls.METHOD}: {f.name}")
+                values[f.name] = check_value(f, values[f.name], f"{cls.METHOD}: {f.name}")
             elif f.default is dataclasses.MISSING:
                 raise ValueError(f"{cls.METHOD}: option {f.name!r} is required "
                                  f"({f.metadata['doc']})")
@@ -59,103 +72,7 @@ class MethodOptions:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
-class LookaheadOptions(MethodOptions):
-    """Options of ``{"method": "lookahead"}``; every field is a ``speculative_config`` key."""
-
-    METHOD = "lookahead"
-
-    ngram_size: int = option_field(
-        4, 2, "N: n-gram length in the pool (a key token plus N-1 continuation tokens)."
-    )
-    window_size: int = option_field(
-        8, 1,
-        "W: Jacobi columns harvested per verification pass (the target's predictions "
-        "at the draft positions, also after the first rejection).",
-    )
-    guess_set_size: int = option_field(
-        8, 0,
-        "G: most recent pool entries ranked per key when a draft comes from the pool; "
-        "0 drafts from prompt/output suffix matches only.",
-    )
-    pool_from_prompt: bool = option_field(True, None, "Seed the pool with the prompt's n-grams.")
-    pool_max_per_key: int = option_field(
-        8, 1, "Pool bound: entries kept per key token (least recently used evicted)."
-    )
-    pool_max_keys: int = option_field(
-        65536, 1, "Pool bound: key tokens kept per request (least recently used evicted)."
-    )
-    suffix_match_min: int = option_field(
-        2, 1, "Shortest context suffix that a prompt/output match must repeat."
-    )
-    suffix_match_max: int = option_field(
-        16, 1, "Longest context suffix tried for a prompt/output match."
-    )
-    draft_min_prob: float = option_field(
-        0.1, None,
-        "Drafts stop where their estimated probability (product of the continuation "
-        "frequencies among context matches and pool entries) would fall below this.",
-    )
-    adaptive_draft_length: bool = option_field(
-        True, None,
-        "Bound each request's draft length by its recent acceptance: grown after a fully "
-        "accepted draft, cut after a rejection (K stays the maximum).",
-    )
-    cost_aware_drafts: bool = option_field(
-        True, None,
-        "Under load, cut drafts to the tokens the step's compute affords: the decode pass "
-        "time is fitted online against its token count, and a draft token is kept only "
-        "while its expected acceptance (its request's recent first-token acceptance times "
-        "the worker's acceptance by draft position) raises the expected tokens per second "
-        "of the whole step. At batch size 1 it rarely cuts. Tree nodes (tree_candidates, "
-        "tree_window) are added only from what is left, at their cost per node and tree.",
-    )
-    corpus_tokens: int = option_field(
-        262144, 0,
-        "Cross-request memory: tokens of finished responses kept (per worker, oldest "
-        "dropped) and searched for repeats of the context's suffix; 0 turns it off.",
-    )
-    harvest_jacobi: bool = option_field(
-        True, None, "Feed the pool with the target's predictions captured at verification."
-    )
-    rescoring_top_k: int = option_field(
-        0, 0,
-        "Draft rescoring (blockwise parallel decoding's lattice): capture the target's "
-        "top-k tokens at the draft positions past a rejection, and choose the draft after "
-        "the correction token among the pool's entries and the lattice's top path by "
-        "pool frequency times lattice probability; 0 turns it off.",
-    )
-    tree_candidates: int = option_field(
-        0, 0,
-        "Tree drafts: the pool's most frequent continuations of the last token verified "
-        "beside the main draft in one pass (a token tree; its branches run through the "
-        "attention kernel as sequences of their own; CPU attention backend); trees are "
-        "built while their measured yield pays for their compute. 0 verifies the main "
-        "draft alone.",
-    )
-    tree_window: int = option_field(
-        0, 0,
-        "Tree drafts: columns of Lookahead Decoding's Jacobi window (ngram_size - 1 "
-        "levels) run in the same pass; each step harvests one n-gram per column and "
-        "slides the window; 0 turns the window off.",
-    )
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any] | None) -> "LookaheadOptions":
-        options = super().from_dict(values)
-        if options.tree_window and options.ngram_size < 3:
-            raise ValueError(
-                "lookahead: tree_window needs ngram_size >= 3 (its levels are the n-gram's "
-                f"continuation tokens; got ngram_size {options.ngram_size})")
-        if options.suffix_match_min > options.suffix_match_max:
-            raise ValueError(
-                "lookahead: suffix_match_min must be <= suffix_match_max "
-                f"(got {options.suffix_match_min} > {options.suffix_match_max})"
-            )
-        return options
-
-
-def _check_value(f: dataclasses.Field, value: Any, label: str | None = None) -> Any:
+def check_value(f: dataclasses.Field, value: Any, label: str | None = None) -> Any:
     """The value, checked against ``f``'s type and range; errors start with ``label``
     (default ``lookahead: <option>``)."""
     label = label or f"lookahead: {f.name}"
@@ -203,7 +120,7 @@ def _float_range_text(f: dataclasses.Field) -> str:
 
 
 def accepted_text(f: dataclasses.Field) -> str:
-    """What ``_check_value`` accepts for ``f``, for documentation tables."""
+    """What ``check_value`` accepts for ``f``, for documentation tables."""
     if f.metadata["choices"]:
         return " / ".join(f"`{c}`" for c in f.metadata["choices"])
     if f.type in ("str", str):
@@ -213,49 +130,6 @@ def accepted_text(f: dataclasses.Field) -> str:
     if isinstance(f.default, float):
         return f"number in {_float_range_text(f)}"
     return f"integer >= {f.metadata['low']}"
-
-
-#: Per-request overrides: keys of ``SamplingParams.extra_args`` (``vllm_xargs`` in the
-#: OpenAI API) named by this prefix and an option.
-REQUEST_KEY_PREFIX = "lookahead_"
-REQUEST_OPTIONS = ("num_speculative_tokens", "draft_min_prob", "tree_candidates",
-                   "tree_window")
-
-
-def request_overrides(extra_args: dict[str, Any] | None, server_k: int,
-                      server_options: LookaheadOptions | None = None) -> dict[str, Any]:
-    """A request's validated overrides, by option name; errors name the key and range.
-
-    ``num_speculative_tokens`` is bounded by the server's K (0: no drafts for this
-    request), ``tree_candidates`` and ``tree_window`` by the server's values (0: no
-    such nodes for this request); ``draft_min_prob`` accepts what the server option
-    accepts.
-    """
-    server_options = server_options or LookaheadOptions()
-    # options bounded by the server's value (the server reserves for its maxima)
-    server_maxima = {"num_speculative_tokens": server_k,
-                     "tree_candidates": server_options.tree_candidates,
-                     "tree_window": server_options.tree_window}
-    overrides = {}
-    for key, value in (extra_args or {}).items():
-        if not key.startswith(REQUEST_KEY_PREFIX):
-            continue
-        name = key[len(REQUEST_KEY_PREFIX):]
-        if name in server_maxima:
-            most = server_maxima[name]
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
-                off = "0 turns speculation off for the request; " * (
-                    name == "num_speculative_tokens")
-                raise ValueError(f"{key} must be an integer in [0, {most}] ({off}{most} is "
-                                 f"the server's {name}) (got {value!r})")
-        elif name in REQUEST_OPTIONS:
-            field_ = next(f for f in dataclasses.fields(LookaheadOptions) if f.name == name)
-            value = _check_value(field_, value, label=key)
-        else:
-            accepted = ", ".join(REQUEST_KEY_PREFIX + n for n in REQUEST_OPTIONS)
-            raise ValueError(f"unknown per-request option {key!r}; accepted: {accepted}")
-        overrides[name] = value
-    return overrides
 
 
 def check_num_speculative_tokens(value: Any, method: str = "lookahead") -> int:
@@ -269,16 +143,14 @@ def check_num_speculative_tokens(value: Any, method: str = "lookahead") -> int:
     return value
 
 
-def options_table(options_cls: type | None = None, default_k: int = DEFAULT_SPEC_TOKENS,
-                  k_meaning: str = "Most draft tokens verified per step (the cap of the "
-                  "adaptive draft length).") -> str:
+def options_table(options_cls: type, default_k: int, k_meaning: str) -> str:
     """Markdown table of a method's options, for the README (kept in sync by a test)."""
     rows = ["| option | default | accepted | meaning |", "|---|---|---|---|"]
     rows.append(
         f"| `num_speculative_tokens` (K) | {default_k} | integer in "
         f"[{MIN_SPEC_TOKENS}, {MAX_SPEC_TOKENS}] | {k_meaning} |"
     )
-    rows.extend(option_rows(options_cls or LookaheadOptions))
+    rows.extend(option_rows(options_cls))
     return "\n".join(rows)
 
 

@@ -3,7 +3,7 @@
 vLLM schedules a draft as a flat token list after the request's last token. A tree
 draft is that list in topological order (every node after its parent) with a parent
 per node; node 0 is the root, the last context token, which vLLM feeds as the first
-scheduled token. ``worker.py`` gives each node the position of its depth and lets it
+scheduled token. ``worker/tree_step.py`` gives each node the position of its depth and lets it
 attend only to its ancestors, then walks the tree with the target's predictions.
 A prefix of a topological order is again a tree, so vLLM may shorten the list.
 """

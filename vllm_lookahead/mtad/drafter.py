@@ -17,19 +17,6 @@ import numpy as np
 import torch
 
 
-def auxiliary_vocab_size(name: str) -> int:
-    """The auxiliary model's vocabulary size; errors name the option and the cause."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(name)
-    except Exception as exc:  # noqa: BLE001 - any loading failure is the user's setting
-        raise ValueError(f"mtad: model {name!r}: cannot load the auxiliary model's "
-                         f"configuration ({exc})") from None
-    config = getattr(config, "get_text_config", lambda: config)()
-    return int(config.vocab_size)
-
-
 def load_auxiliary_model(name: str, dtype: torch.dtype, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 

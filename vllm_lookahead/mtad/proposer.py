@@ -3,7 +3,7 @@
 Each step, every decoding request gets the best of ``beam_width`` beams sampled by
 the auxiliary model (``drafter.py``), with the auxiliary log-probability of each
 draft token kept by request id until vLLM verifies the draft. With
-``acceptance="joint"``, ``worker.py`` hands verification to ``accept`` (MTAD's
+``acceptance="joint"``, ``worker/sampler.py`` hands verification to ``accept`` (MTAD's
 joint rule, ``acceptance.py``); with ``"lossless"``, vLLM's rejection sampler
 verifies the draft as a point mass, which keeps the target's distribution exactly
 whatever the draft's distribution (picking the best beam changes it, so the
@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_lookahead import worker
-from vllm_lookahead.metrics import SnapshotWriter
+from vllm_lookahead.metrics import ProposerStats, SnapshotWriter
 from vllm_lookahead.mtad.acceptance import joint_accept
 from vllm_lookahead.mtad.drafter import (
     AuxiliaryState,
@@ -32,8 +31,9 @@ from vllm_lookahead.mtad.drafter import (
     load_auxiliary_model,
 )
 from vllm_lookahead.mtad.options import MTADOptions
-from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
-from vllm_lookahead.proposer import ProposerStats
+from vllm_lookahead.options import method_options
+from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import sampler
 
 
 class MTADProposer:
@@ -42,13 +42,11 @@ class MTADProposer:
     def __init__(self, vllm_config: Any):
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
-        extra = dict((vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {}))
-        extra.pop("method", None)
-        self.options = MTADOptions.from_dict(extra)
+        self.options = method_options(vllm_config, MTADOptions)
         self._dtype = vllm_config.model_config.dtype
         self._seed = vllm_config.model_config.seed or 0
         self._stats = ProposerStats()
-        self._snapshots = SnapshotWriter(vllm_config, worker.worker_rank())
+        self._snapshots = SnapshotWriter(vllm_config, runner_state.worker_rank())
         self._runner: Any = None
         self._drafter: BeamDrafter | None = None
         self._states: dict[str, AuxiliaryState] = {}
@@ -61,19 +59,20 @@ class MTADProposer:
 
     @property
     def acceptance_rule(self):
-        """Called by ``worker.py`` in place of vLLM's ``rejection_sample`` (joint mode)."""
+        """Called by ``worker/sampler.py`` in place of vLLM's ``rejection_sample`` (joint mode)."""
         return self.accept if self.options.acceptance == "joint" else None
 
-    # -- hooks called by vLLM and worker.py ------------------------------------------
+    # -- hooks called by vLLM and worker/ ------------------------------------------
 
     def bind_model_runner(self, runner: Any) -> None:
         self._runner = runner
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        worker.check_bound(self._runner)
-        if worker.is_first_tp_rank():
+        runner_state.check_bound(self._runner)
+        if runner_state.is_first_tp_rank():
             opts = self.options
-            model = load_auxiliary_model(opts.model, self._dtype, self._runner.device)
+            model = load_auxiliary_model(opts.model, self._dtype,
+                                         runner_state.device(self._runner))
             self._drafter = BeamDrafter(model, opts.beam_width, opts.draft_temperature,
                                         opts.draft_top_k, opts.draft_top_p, self._seed)
 
@@ -92,7 +91,7 @@ class MTADProposer:
         slot_mappings: Any = None,
     ) -> list[list[int]]:
         start = time.perf_counter()
-        req_ids = worker.request_ids(self._runner)
+        req_ids = runner_state.request_ids(self._runner)
         jobs = []  # (row, request id, context length, draft length)
         for row, sampled in enumerate(sampled_token_ids):
             if not sampled:  # partial prefill chunk: nothing to draft yet
@@ -109,9 +108,10 @@ class MTADProposer:
         if self._drafter is not None and jobs:
             results = self._drafter.draft([
                 DraftJob(self._states.setdefault(req_id, AuxiliaryState()),
-                         token_ids_cpu[row, :num_tokens], length, self._is_greedy(req_id))
+                         token_ids_cpu[row, :num_tokens], length,
+                         runner_state.is_greedy(self._runner, req_id))
                 for row, req_id, num_tokens, length in jobs])
-        results = worker.broadcast_from_first_tp_rank(results) if jobs else []
+        results = runner_state.broadcast_from_first_tp_rank(results) if jobs else []
 
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         for (row, req_id, _, _), (tokens, logq) in zip(jobs, results):
@@ -125,10 +125,6 @@ class MTADProposer:
             self._snapshots.write(self.stats)
         return drafts
 
-    def _is_greedy(self, req_id: str) -> bool:
-        params = worker.sampling_params(self._runner, req_id)
-        return params is None or params.temperature == 0
-
     # -- verification (joint mode) ---------------------------------------------------
 
     def accept(
@@ -141,7 +137,7 @@ class MTADProposer:
         sampling_metadata: Any,
     ) -> torch.Tensor | None:
         """MTAD's decisions for one verification pass; None for vLLM's warm-up runs."""
-        req_ids = worker.request_ids(self._runner)
+        req_ids = runner_state.request_ids(self._runner)
         if len(req_ids) != len(num_draft_tokens):
             return None
         drafted = draft_token_ids.tolist()
@@ -156,14 +152,9 @@ class MTADProposer:
                 )
             logq.extend(values[:count])
             start += count
-        if sampling_metadata.all_greedy:
-            is_greedy = [True] * len(req_ids)
-        elif sampling_metadata.all_random:
-            is_greedy = [False] * len(req_ids)
-        else:
-            is_greedy = (sampling_metadata.temperature == 0).tolist()
         return joint_accept(
             draft_token_ids, num_draft_tokens, max_spec_len, target_logits,
-            bonus_token_ids, torch.tensor(logq, dtype=torch.float32), is_greedy,
-            self.options.acceptance_threshold, sampling_metadata.generators,
+            bonus_token_ids, torch.tensor(logq, dtype=torch.float32),
+            sampler.greedy_rows(sampling_metadata, len(req_ids)),
+            self.options.acceptance_threshold, sampler.row_generators(sampling_metadata),
         )

@@ -23,6 +23,15 @@ WINDOW = 512
 REFIT_INTERVAL = 16
 #: Pseudo-verifications behind each acceptance-by-depth estimate.
 PRIOR_WEIGHT = 2.0
+#: Per-step decay of the worker-wide acceptance and tree-yield counts (about the last
+#: 100 verifications count).
+WORKER_DECAY = 0.99
+#: Acceptance at the second position before any verification.
+PRIOR_DEPTH_RATE = 0.5
+#: Tree yield before any tree was verified: accepted tokens per node, over this many
+#: pseudo-nodes (optimistic, so that trees are tried).
+PRIOR_TREE_RATE = 0.2
+PRIOR_TREE_NODES = 20.0
 
 
 class StepCostModel:
@@ -81,7 +90,7 @@ class AcceptanceByDepth:
     stay right, so deep tokens are conditioned on the ones before them, per position.
     """
 
-    def __init__(self, max_depth: int, decay: float = 0.99):
+    def __init__(self, max_depth: int, decay: float = WORKER_DECAY):
         self._reached = np.zeros(max_depth)  # verifications that got to position j
         self._accepted = np.zeros(max_depth)  # ... and accepted it
         self._decay = decay
@@ -100,7 +109,7 @@ class AcceptanceByDepth:
         before it (``PRIOR_WEIGHT`` pseudo-verifications), not towards a constant,
         which would compound into a vanishing estimate for long copied spans."""
         conditional = np.ones(len(self._reached))
-        rate = 0.5
+        rate = PRIOR_DEPTH_RATE
         for j in range(1, len(conditional)):
             rate = ((self._accepted[j] + PRIOR_WEIGHT * rate)
                     / (self._reached[j] + PRIOR_WEIGHT))
@@ -113,7 +122,8 @@ class TreeYield:
     verified beside them (decayed counts, starting from an optimistic prior so that
     trees are tried), and tokens per request pass."""
 
-    def __init__(self, decay: float = 0.99, prior_rate: float = 0.2, prior_nodes: float = 20.0):
+    def __init__(self, decay: float = WORKER_DECAY, prior_rate: float = PRIOR_TREE_RATE,
+                 prior_nodes: float = PRIOR_TREE_NODES):
         self._nodes = prior_nodes
         self._accepted = prior_rate * prior_nodes
         self._passes = 1.0
@@ -178,3 +188,18 @@ def affordable_draft_lengths(
     pays = prob * cost_before >= expected_before
     kept = total if pays.all() else int(np.argmin(pays))
     return np.bincount(owner[order[:kept]], minlength=num_requests)
+
+
+def cut_to_budget(drafts: list[list[int]], first_rates: list[float], survival: np.ndarray,
+                  free_tokens: float | None) -> int:
+    """Shorten drafts (in place) to the tokens the step's compute affords; returns the
+    tokens cut (none before the cost model has samples)."""
+    if free_tokens is None or math.isinf(free_tokens):
+        return 0
+    lengths = np.array([len(draft) for draft in drafts])
+    kept = affordable_draft_lengths(lengths, np.array(first_rates), survival, free_tokens)
+    cut = 0
+    for draft, keep in zip(drafts, kept.tolist()):
+        cut += len(draft) - keep
+        del draft[keep:]
+    return cut

@@ -1,0 +1,162 @@
+"""The lookahead method's options: defaults, documentation, validation, and the
+per-request overrides (``SamplingParams.extra_args``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_lookahead.options import MethodOptions, check_value, option_field, options_table
+
+#: K when ``num_speculative_tokens`` is not given.
+DEFAULT_SPEC_TOKENS = 24
+
+
+@dataclass(frozen=True)
+class LookaheadOptions(MethodOptions):
+    """Options of ``{"method": "lookahead"}``; every field is a ``speculative_config`` key."""
+
+    METHOD = "lookahead"
+
+    ngram_size: int = option_field(
+        4, 2, "N: n-gram length in the pool (a key token plus N-1 continuation tokens)."
+    )
+    window_size: int = option_field(
+        8, 1,
+        "W: Jacobi columns harvested per verification pass (the target's predictions "
+        "at the draft positions, also after the first rejection).",
+    )
+    guess_set_size: int = option_field(
+        8, 0,
+        "G: most recent pool entries ranked per key when a draft comes from the pool; "
+        "0 drafts from prompt/output suffix matches only.",
+    )
+    pool_from_prompt: bool = option_field(True, None, "Seed the pool with the prompt's n-grams.")
+    pool_max_per_key: int = option_field(
+        8, 1, "Pool bound: entries kept per key token (least recently used evicted)."
+    )
+    pool_max_keys: int = option_field(
+        65536, 1, "Pool bound: key tokens kept per request (least recently used evicted)."
+    )
+    suffix_match_min: int = option_field(
+        2, 1, "Shortest context suffix that a prompt/output match must repeat."
+    )
+    suffix_match_max: int = option_field(
+        16, 1, "Longest context suffix tried for a prompt/output match."
+    )
+    draft_min_prob: float = option_field(
+        0.1, None,
+        "Drafts stop where their estimated probability (product of the continuation "
+        "frequencies among context matches and pool entries) would fall below this.",
+    )
+    adaptive_draft_length: bool = option_field(
+        True, None,
+        "Bound each request's draft length by its recent acceptance: grown after a fully "
+        "accepted draft, cut after a rejection (K stays the maximum).",
+    )
+    cost_aware_drafts: bool = option_field(
+        True, None,
+        "Under load, cut drafts to the tokens the step's compute affords: the decode pass "
+        "time is fitted online against its token count, and a draft token is kept only "
+        "while its expected acceptance (its request's recent first-token acceptance times "
+        "the worker's acceptance by draft position) raises the expected tokens per second "
+        "of the whole step. At batch size 1 it rarely cuts. Tree nodes (tree_candidates, "
+        "tree_window) are added only from what is left, at their cost per node and tree.",
+    )
+    corpus_tokens: int = option_field(
+        262144, 0,
+        "Cross-request memory: tokens of finished responses kept (per worker, oldest "
+        "dropped) and searched for repeats of the context's suffix; 0 turns it off.",
+    )
+    harvest_jacobi: bool = option_field(
+        True, None, "Feed the pool with the target's predictions captured at verification."
+    )
+    rescoring_top_k: int = option_field(
+        0, 0,
+        "Draft rescoring (blockwise parallel decoding's lattice): capture the target's "
+        "top-k tokens at the draft positions past a rejection, and choose the draft after "
+        "the correction token among the pool's entries and the lattice's top path by "
+        "pool frequency times lattice probability; 0 turns it off.",
+    )
+    tree_candidates: int = option_field(
+        0, 0,
+        "Tree drafts: the pool's most frequent continuations of the last token verified "
+        "beside the main draft in one pass (a token tree; its branches run through the "
+        "attention kernel as sequences of their own; CPU attention backend); trees are "
+        "built while their measured yield pays for their compute. 0 verifies the main "
+        "draft alone.",
+    )
+    tree_window: int = option_field(
+        0, 0,
+        "Tree drafts: columns of Lookahead Decoding's Jacobi window (ngram_size - 1 "
+        "levels) run in the same pass; each step harvests one n-gram per column and "
+        "slides the window; 0 turns the window off.",
+    )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> "LookaheadOptions":
+        options = super().from_dict(values)
+        if options.tree_window and options.ngram_size < 3:
+            raise ValueError(
+                "lookahead: tree_window needs ngram_size >= 3 (its levels are the n-gram's "
+                f"continuation tokens; got ngram_size {options.ngram_size})")
+        if options.suffix_match_min > options.suffix_match_max:
+            raise ValueError(
+                "lookahead: suffix_match_min must be <= suffix_match_max "
+                f"(got {options.suffix_match_min} > {options.suffix_match_max})"
+            )
+        return options
+
+
+
+#: Per-request overrides: keys of ``SamplingParams.extra_args`` (``vllm_xargs`` in the
+#: OpenAI API) named by this prefix and an option.
+REQUEST_KEY_PREFIX = "lookahead_"
+REQUEST_OPTIONS = ("num_speculative_tokens", "draft_min_prob", "tree_candidates",
+                   "tree_window")
+
+
+def request_overrides(extra_args: dict[str, Any] | None, server_k: int,
+                      server_options: LookaheadOptions | None = None) -> dict[str, Any]:
+    """A request's validated overrides, by option name; errors name the key and range.
+
+    ``num_speculative_tokens`` is bounded by the server's K (0: no drafts for this
+    request), ``tree_candidates`` and ``tree_window`` by the server's values (0: no
+    such nodes for this request); ``draft_min_prob`` accepts what the server option
+    accepts.
+    """
+    server_options = server_options or LookaheadOptions()
+    # options bounded by the server's value (the server reserves for its maxima)
+    server_maxima = {"num_speculative_tokens": server_k,
+                     "tree_candidates": server_options.tree_candidates,
+                     "tree_window": server_options.tree_window}
+    overrides = {}
+    for key, value in (extra_args or {}).items():
+        if not key.startswith(REQUEST_KEY_PREFIX):
+            continue
+        name = key[len(REQUEST_KEY_PREFIX):]
+        if name in server_maxima:
+            most = server_maxima[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+                off = "0 turns speculation off for the request; " * (
+                    name == "num_speculative_tokens")
+                raise ValueError(f"{key} must be an integer in [0, {most}] ({off}{most} is "
+                                 f"the server's {name}) (got {value!r})")
+        elif name in REQUEST_OPTIONS:
+            field_ = next(f for f in dataclasses.fields(LookaheadOptions) if f.name == name)
+            value = check_value(field_, value, label=key)
+        else:
+            accepted = ", ".join(REQUEST_KEY_PREFIX + n for n in REQUEST_OPTIONS)
+            raise ValueError(f"unknown per-request option {key!r}; accepted: {accepted}")
+        overrides[name] = value
+    return overrides
+
+
+
+
+def lookahead_options_table() -> str:
+    """Markdown table of the ``lookahead`` options, for the README (kept in sync by a test)."""
+    return options_table(LookaheadOptions, DEFAULT_SPEC_TOKENS,
+                         "Most draft tokens verified per step (the cap of the adaptive "
+                         "draft length).")

@@ -1,0 +1,253 @@
+"""The lookahead proposer: linear drafts from context matches and a Jacobi-fed n-gram
+pool, optionally grown into trees, verified by vLLM.
+
+Each step, for every decoding request: read what the last verification pass told
+(accepted tokens, the target's predictions at every draft position, harvested as one
+Jacobi iteration into the request's pool), read the new context, then draft: the
+longest context or corpus match filled from the pool (``sources/``), cut to what the
+step affords (``budget.py``), grown into a tree where trees pay (``trees.py``).
+
+vLLM calls ``propose`` with batch rows, not requests; per-request state is keyed by
+request id through the model runner bound by ``worker/`` (``state.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from vllm_lookahead.lookahead import feedback, trees
+from vllm_lookahead.lookahead.budget import (
+    AcceptanceByDepth,
+    StepCostModel,
+    TreeYield,
+    cut_to_budget,
+)
+from vllm_lookahead.lookahead.options import LookaheadOptions
+from vllm_lookahead.lookahead.sources.drafts import Draft, DraftSources
+from vllm_lookahead.lookahead.state import RequestState, RequestStates
+from vllm_lookahead.metrics import DRAFT_SOURCES, ProposerStats, SnapshotWriter
+from vllm_lookahead.options import method_options
+from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import tree_step
+from vllm_lookahead.worker.hooks import VerificationCapture
+
+
+class LookaheadProposer:
+    """vLLM ``custom_class`` drafter for ``{"method": "lookahead"}`` (hooks:
+    ``worker.hooks.DrafterHooks``)."""
+
+    def __init__(self, vllm_config: Any):
+        self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.options = method_options(vllm_config, LookaheadOptions)
+        self.capture_top_k = self.options.rescoring_top_k
+        self._stats = ProposerStats()
+        self._snapshots = SnapshotWriter(vllm_config, runner_state.worker_rank())
+        self._runner: Any = None
+        self._states = RequestStates(self.options, self.num_speculative_tokens)
+        self._sources = DraftSources(self.options, self.num_speculative_tokens,
+                                     vllm_config.scheduler_config.max_num_seqs)
+        self._capture: VerificationCapture | None = None
+        self.cost_model = StepCostModel()
+        self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
+        self._tree_yield = TreeYield()
+        self._step_start: tuple[float, int] | None = None
+
+    @property
+    def stats(self) -> ProposerStats:
+        return dataclasses.replace(
+            self._stats,
+            active_requests=len(self._states),
+            pool_ngrams=self._states.pool_entries(),
+            corpus_size=len(self._sources.corpus),
+        )
+
+    @property
+    def states(self) -> RequestStates:
+        return self._states
+
+    @property
+    def trees_on(self) -> bool:
+        return bool(self.options.tree_candidates or self.options.tree_window)
+
+    # -- hooks called by vLLM and worker/ ------------------------------------------------
+
+    def bind_model_runner(self, runner: Any) -> None:
+        self._runner = runner
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No draft model; called by vLLM once the target is loaded, so check binding
+        and, with tree drafts on, that the target's attention can mask trees."""
+        runner_state.check_bound(self._runner)
+        if self.trees_on:
+            tree_step.check_tree_attention(self._runner)
+
+    def on_verification(self, capture: VerificationCapture) -> None:
+        self._capture = capture
+
+    def on_step_start(self, num_scheduled_tokens: int, decode_only: bool) -> None:
+        """The runner starts a step: its time until ``propose`` is the pass's cost.
+
+        Only decode steps are timed: a prompt token costs more than a draft token
+        (attention over the whole prompt), so prefill steps would overstate a draft
+        token's cost.
+        """
+        self._step_start = (time.perf_counter(), num_scheduled_tokens) if decode_only else None
+
+    def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
+        """Free state; a finished (or aborted) request's output joins the corpus."""
+        for output in self._states.remove(finished, preempted):
+            self._sources.corpus.add(output)
+        if self._snapshots.due() or not len(self._states):
+            self._snapshots.write(self.stats)
+
+    def draft_tree(self, req_id: str, scheduled: list[int]) -> np.ndarray | None:
+        """Parents of the request's tree as vLLM scheduled it, or None (linear)."""
+        return trees.tree_of(self._states.get(req_id), scheduled)
+
+    def on_tree_planned(self, req_id: str, branches: int | None) -> None:
+        """The worker split the request's tree into ``branches`` extra attention
+        sequences, or (None) found no scratch blocks left and verifies it as a linear
+        draft: then it is one for the proposer too."""
+        if branches is not None:
+            self._stats.tree_branches += branches
+            return
+        self._stats.tree_fallbacks += 1
+        state = self._states.get(req_id)
+        if state is not None:
+            state.tree, state.window_columns = None, []
+
+    # -- the step --------------------------------------------------------------------------
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        start = time.perf_counter()
+        self._time_last_pass(start)
+        rows, states = self._read_verification(sampled_token_ids, num_tokens_no_spec,
+                                               token_ids_cpu)
+        drafts = self._draft(rows, states, num_tokens_no_spec, token_ids_cpu,
+                             len(sampled_token_ids))
+        self._stats.steps += 1
+        self._stats.seconds += time.perf_counter() - start
+        if self._snapshots.due():
+            self._snapshots.write(self.stats)
+        return drafts
+
+    def _time_last_pass(self, now: float) -> None:
+        """The decode pass that just ran, for the step cost model."""
+        if self._step_start is not None:
+            step_start, num_scheduled = self._step_start
+            self.cost_model.add(num_scheduled, now - step_start)
+            self._step_start = None
+
+    def _read_verification(self, sampled_token_ids: list[list[int]],
+                           num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
+                           ) -> tuple[list[int], list[RequestState]]:
+        """Learn from the last pass, row by row; the decoding rows and their states."""
+        req_ids = runner_state.request_ids(self._runner)
+        self._states.drop_forgotten(runner_state.live_request_ids(self._runner))
+        capture, self._capture = self._capture, None
+        wanted = self.options.harvest_jacobi or self.capture_top_k or self.options.tree_window
+        verified = feedback.verified_rows(capture, len(sampled_token_ids)) if wanted else {}
+        rows, states = [], []
+        verified_lengths, accepted_counts = [], []  # this step's verifications
+        for row, emitted in enumerate(sampled_token_ids):
+            if not emitted:  # partial prefill chunk: nothing to draft yet
+                continue
+            state = self._states.state_for(self._runner, req_ids[row], row)
+            main_accepted = self._learn(state, emitted, verified.get(row))
+            if state.draft:
+                state.count_acceptance(len(emitted) - 1)
+                verified_lengths.append(len(state.draft))
+                accepted_counts.append(main_accepted)
+            state.read_context(token_ids_cpu[row], int(num_tokens_no_spec[row]),
+                               self.options.ngram_size)
+            rows.append(row)
+            states.append(state)
+        if self.options.cost_aware_drafts:
+            self._depth_acceptance.add(verified_lengths, accepted_counts)
+        return rows, states
+
+    def _learn(self, state: RequestState, emitted: list[int],
+               verified: feedback.Verified | None) -> int:
+        """Count the request's pass, harvest the target's predictions, adapt its draft
+        limit; returns the main draft's accepted tokens."""
+        accepted = len(emitted) - 1
+        self._stats.generated_tokens += accepted + 1
+        self._stats.request_passes += 1
+        state.lattice = None
+        main_accepted, off_main = feedback.accepted_on_and_off_main(state, emitted)
+        self._stats.tree_accepted += off_main
+        tree_nodes = len(state.tree[0]) - 1 - len(state.draft) if state.tree else 0
+        self._tree_yield.add_pass(accepted + 1, tree_nodes, accepted - main_accepted)
+        if verified is not None and feedback.is_our_draft(state, verified.draft):
+            if self.options.harvest_jacobi:
+                self._stats.harvested_ngrams += feedback.harvest(
+                    state, verified, main_accepted, self.options.ngram_size,
+                    self.options.window_size)
+            if self.capture_top_k:
+                state.lattice = verified.lattice_after(accepted)
+            if state.window_columns:
+                self._stats.harvested_ngrams += trees.slide_window(state, verified.predictions)
+        # by all accepted tokens: a branch that won says the text is predictable now,
+        # and must not shrink the next main draft to its own few accepted tokens
+        if self.options.adaptive_draft_length and state.draft:
+            state.adapt_draft_limit(accepted)
+        return main_accepted
+
+    def _draft(self, rows: list[int], states: list[RequestState],
+               num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+               num_rows: int) -> list[list[int]]:
+        """Main drafts from the sources, cut to the step's budget, grown into trees."""
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        if not rows:
+            return drafts
+        num_tokens = num_tokens_no_spec[np.asarray(rows, dtype=np.int64)].astype(np.int64)
+        # never past max_model_len: the bonus token needs a slot too
+        limits = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        np.minimum(limits, [state.draft_limit for state in states], out=limits)
+        main = self._sources.draft(rows, states, token_ids_cpu, num_tokens, limits)
+        free_tokens = self._step_budget()
+        if self.options.cost_aware_drafts:
+            self._stats.cut_tokens += cut_to_budget(
+                [draft.tokens for draft in main], [state.first_token_rate for state in states],
+                self._depth_acceptance.survival(), free_tokens)
+        for row, draft in zip(rows, main):
+            drafts[row] = list(draft.tokens)
+        if self.trees_on:
+            self._stats.tree_nodes += trees.grow_trees(
+                rows, states, drafts, token_ids_cpu, num_tokens, free_tokens,
+                self._tree_yield, self.options, self.max_model_len)
+        for state, draft in zip(states, main):
+            state.draft = draft.tokens
+            self._count_draft(draft)
+        return drafts
+
+    def _step_budget(self) -> float | None:
+        """Tokens the step affords for free (``cost_aware_drafts``; None before the cost
+        model has samples), as the first tensor-parallel rank timed it: every rank then
+        drafts the same trees, and its attention splits the same branches."""
+        if not self.options.cost_aware_drafts:
+            return math.inf
+        model = self.cost_model
+        return runner_state.broadcast_from_first_tp_rank(
+            model.free_tokens() if model.has_samples else None)
+
+    def _count_draft(self, draft: Draft) -> None:
+        if not draft.tokens:
+            return
+        self._stats.drafts += 1
+        self._stats.draft_tokens += len(draft.tokens)
+        for source, count in draft.tokens_by_source().items():
+            field = DRAFT_SOURCES[source]
+            setattr(self._stats, field, getattr(self._stats, field) + count)

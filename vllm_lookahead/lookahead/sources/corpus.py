@@ -1,0 +1,133 @@
+"""The response corpus: finished responses of earlier requests, searched for the
+longest repeat of a request's context suffix; an index keeps its lookups independent
+of its size."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+class ResponseCorpus:
+    """Finished responses, searched for the longest repeat of a request's context suffix.
+
+    Responses of one deployment repeat each other (boilerplate, code idioms, the same
+    questions asked again). At most ``capacity`` tokens are kept (oldest dropped) in
+    preallocated arrays: the tokens, and for each position the previous position of
+    the same bigram (hash chains, as in LZ77 compressors), so the memory is fixed at
+    ``bytes_for(capacity)`` whatever is stored. A lookup visits the
+    ``candidates_per_bigram`` most recent occurrences of the suffix's last bigram, so
+    it costs the same whatever the corpus size.
+    """
+
+    SEPARATOR = -1  # between responses: no match or continuation crosses it
+
+    def __init__(self, capacity: int, candidates_per_bigram: int = 16):
+        self.capacity = capacity
+        self.candidates_per_bigram = candidates_per_bigram
+        self._tokens = np.full(capacity, self.SEPARATOR, dtype=np.int32)
+        self._prev = np.full(capacity, -1, dtype=np.int32)  # same bigram, earlier
+        self._heads = np.full(_hash_table_size(capacity), -1, dtype=np.int32)
+        self._size = 0
+
+    @staticmethod
+    def bytes_for(capacity: int) -> int:
+        return 8 * capacity + 4 * _hash_table_size(capacity)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def storage(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The preallocated arrays (tokens, earlier position of the same bigram, hash
+        heads), fixed for the corpus's life."""
+        return self._tokens, self._prev, self._heads
+
+    def add(self, response: list[int]) -> None:
+        if not response or self.capacity < 2:
+            return
+        response = response[-(self.capacity - 1):]
+        if self._size + len(response) + 1 > self.capacity:
+            self._drop_oldest(self._size + len(response) + 1 - self.capacity)
+        self._size = _corpus_append(self._tokens, self._prev, self._heads, self._size,
+                                    np.asarray(response, dtype=np.int32))
+
+    def _drop_oldest(self, count: int) -> None:
+        """Keep the newest whole responses; at least half goes, so this is rare."""
+        cut = max(count, self._size // 2)
+        tokens = self._tokens[:self._size]
+        separators = np.flatnonzero(tokens[cut - 1:] == self.SEPARATOR)
+        start = cut + int(separators[0]) if len(separators) else self._size
+        kept = tokens[start:].copy()
+        self._tokens.fill(self.SEPARATOR)
+        self._heads.fill(-1)
+        self._size = _corpus_append(self._tokens, self._prev, self._heads, 0, kept,
+                                    separated=False)
+
+    def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int
+              ) -> tuple[int, list[int]]:
+        """(match length, continuation) of the longest repeat of ``suffix``'s end."""
+        if len(suffix) < 2 or max_out <= 0 or self._size == 0:
+            return 0, []
+        length, end = _corpus_match(self._tokens, self._prev, self._heads,
+                                    np.asarray(suffix, dtype=np.int32), max_n,
+                                    self.candidates_per_bigram)
+        if length < min_n:
+            return 0, []
+        continuation = self._tokens[end + 1 : min(end + 1 + max_out, self._size)]
+        stops = np.flatnonzero(continuation == self.SEPARATOR)
+        return length, continuation[: stops[0] if len(stops) else None].tolist()
+
+
+def _hash_table_size(capacity: int) -> int:
+    """The smallest power of two >= capacity: chains of about one bigram each."""
+    return 1 << max(4, (int(capacity) - 1).bit_length())
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bigram_hash(first, second, mask):
+    return ((first * 1000003) ^ (second * 19260817)) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _corpus_append(tokens, prev, heads, size, new_tokens, separated=True):
+    """Append ``new_tokens`` (plus a separator when ``separated``) and index their
+    bigrams; ``new_tokens`` may hold separators itself. Returns the new size."""
+    mask = heads.shape[0] - 1
+    for token in new_tokens:
+        tokens[size] = token
+        prev[size] = -1
+        if size > 0 and token >= 0 and tokens[size - 1] >= 0:
+            h = _bigram_hash(tokens[size - 1], token, mask)
+            prev[size] = heads[h]
+            heads[h] = size
+        size += 1
+    if separated:
+        tokens[size] = -1
+        prev[size] = -1
+        size += 1
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def _corpus_match(tokens, prev, heads, suffix, max_n, max_candidates):
+    """(length, end position) of the longest earlier occurrence of ``suffix``'s end
+    among the most recent occurrences of its last bigram; ties go to the most recent."""
+    n = suffix.shape[0]
+    first, second = suffix[n - 2], suffix[n - 1]
+    position = heads[_bigram_hash(first, second, heads.shape[0] - 1)]
+    best_len, best_end, seen, visits = 0, -1, 0, 0
+    while position >= 0 and seen < max_candidates and visits < 4 * max_candidates:
+        visits += 1
+        if tokens[position] == second and tokens[position - 1] == first:
+            seen += 1
+            length = 2
+            while (length < max_n and length < n and position - length >= 0
+                   and tokens[position - length] == suffix[n - 1 - length]):
+                length += 1
+            if length > best_len:
+                best_len, best_end = length, position
+                if length == max_n:
+                    break
+        position = prev[position]
+    return best_len, best_end

@@ -1,0 +1,139 @@
+"""Tree drafts: the main draft, then the pool's most frequent continuations of the last
+token (``tree_candidates``), then Lookahead Decoding's Jacobi window (``tree_window``),
+verified in one pass as a token tree (``worker/tree_step.py``)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from vllm_lookahead.lookahead.budget import TreeYield
+from vllm_lookahead.lookahead.options import LookaheadOptions
+from vllm_lookahead.lookahead.state import RequestState
+from vllm_lookahead.tree import TreeBuilder
+
+#: What a tree costs, in linear draft tokens: each node off the first chain, and each
+#: request with a tree (root block copies, path writes, the kernel reading the prefix
+#: once more per branch). benchmarks/README.md, runs (v) and (w), SmolLM2-135M on 2 CPU
+#: cores: a draft token ~1.1 ms; a tree of 24 nodes 4-9 ms more than a linear draft of
+#: 24; in the batch-1 run a tree node cost ~1.7 ms of step time.
+TREE_NODE_COST = 2
+TREE_ROW_COST = 6
+#: A request whose trees do not pay still gets one every this many passes, so that the
+#: trees' yield keeps being measured.
+TREE_PROBE_INTERVAL = 16
+#: Bound on the nodes a tree may add when the step's spare tokens are unbounded.
+MAX_TREE_NODES = 1 << 30
+
+
+def tree_of(state: RequestState | None, scheduled: list[int]) -> np.ndarray | None:
+    """Parents of ``[root] + scheduled`` if the request's draft is a tree and vLLM
+    scheduled (a prefix of) it; None verifies it as a linear draft."""
+    if state is None or state.tree is None:
+        return None
+    tokens, parents = state.tree
+    if tokens[1 : len(scheduled) + 1] != scheduled:
+        return None
+    return parents[: len(scheduled) + 1]
+
+
+def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[int]],
+               token_ids_cpu: np.ndarray, num_tokens: np.ndarray, free_tokens: float | None,
+               tree_yield: TreeYield, options: LookaheadOptions, max_model_len: int) -> int:
+    """Turn each main draft (in ``drafts``, by row, replaced) into a token tree; returns
+    the nodes added. Each request gets at most its K nodes. Trees are built only while
+    they pay: a tree node must yield (accepted tokens off the main drafts per node,
+    measured on this worker) at least what a draft token of its cost earns the step;
+    on a GPU, where the cost model finds extra tokens nearly free, that is almost
+    always, on a small CPU only for text where trees win often. Requests that do not
+    get trees still probe one every ``TREE_PROBE_INTERVAL`` passes. With several
+    requests in the step (and ``cost_aware_drafts``), trees also take only the tokens
+    the cost model says are nearly free, a tree costing ``TREE_ROW_COST`` plus
+    ``TREE_NODE_COST`` per node (none before the model has samples), so under load
+    trees shrink to nothing before main drafts are cut."""
+    step_tokens = sum(len(drafts[row]) + 1 for row in rows)
+    if free_tokens is None:  # no fit yet: a lone request's step is latency-bound
+        free = math.inf if len(rows) == 1 else 0.0
+    else:
+        free = free_tokens
+    pays = tree_yield.pays(len(rows), step_tokens, free, TREE_NODE_COST)
+    spare = math.inf if len(rows) == 1 else free - step_tokens  # in linear tokens
+    nodes_added = 0
+    for b, (row, state) in enumerate(zip(rows, states)):
+        state.tree, state.window_columns = None, []
+        state.passes_without_tree += 1
+        if not pays and state.passes_without_tree < TREE_PROBE_INTERVAL:
+            continue
+        main = drafts[row]
+        nodes = (spare - TREE_ROW_COST) / TREE_NODE_COST
+        cap = min(state.max_draft, max_model_len - int(num_tokens[b]) - 1,
+                  len(main) + max(0, int(min(nodes, MAX_TREE_NODES))))
+        if not state.tree_ok or cap <= len(main):
+            continue
+        builder = TreeBuilder(state.pending_token, cap)
+        builder.add_chain(main)
+        if state.tree_candidates:
+            candidates = state.pool.candidates(
+                state.pending_token, max(options.guess_set_size, state.tree_candidates))
+            candidates.sort(key=lambda item: -item[1])  # stable: newest first on ties
+            for continuation, _ in candidates[: state.tree_candidates]:
+                builder.add_chain(list(continuation))
+        if state.tree_window:
+            _add_window(state, builder, token_ids_cpu[row], int(num_tokens[b]),
+                        options.ngram_size)
+        added = builder.num_drafted - len(main)
+        if not added:
+            state.window_columns = []
+        else:
+            spare -= TREE_ROW_COST + added * TREE_NODE_COST
+            state.passes_without_tree = 0
+            nodes_added += added
+            state.tree = (builder.tokens, np.array(builder.parents))
+            drafts[row] = builder.draft
+    return nodes_added
+
+
+def _add_window(state: RequestState, builder: TreeBuilder, context: np.ndarray,
+                num_tokens: int, ngram_size: int) -> None:
+    """Add Lookahead Decoding's window as tree nodes: level 0 is a trunk from the
+    root (columns 1..W-1, column 0 is the root itself) and below the trunk node of
+    each column hang that column's levels 1..N-2, one position further each. The
+    window starts as tokens picked from the prompt (seeded by the prompt, so every
+    tensor-parallel rank picks the same)."""
+    width, levels = state.tree_window, ngram_size - 1
+    if state.window is None:
+        prompt = context[: state.prompt_len]
+        rng = np.random.default_rng(zlib.crc32(prompt.astype(np.int64).tobytes()))
+        picks = rng.integers(0, num_tokens, size=(levels, width))
+        state.window = [[int(context[i]) for i in level] for level in picks]
+    window = state.window
+    column_roots = [0, *builder.add_chain(window[0][1:])]
+    for column, key_node in enumerate(column_roots):
+        nodes = builder.add_chain([window[level][column] for level in range(1, levels)],
+                                  parent=key_node)
+        if len(nodes) < levels - 1:
+            break
+        state.window_columns.append((column, key_node, nodes[-1]))
+
+
+def slide_window(state: RequestState, predictions: list[int]) -> int:
+    """One Jacobi iteration of the window: the target's token after each column's
+    last level is that column's new last level, and completes an n-gram (the column's
+    level-0 token, its levels 1..N-2, the new token) for the pool; the levels move
+    up one (the window advances one position per step, as in the paper). Returns the
+    n-grams harvested."""
+    tokens = state.tree[0]
+    window = state.window
+    newest = list(window[-1])
+    harvested = 0
+    for column, key_node, last_node in state.window_columns:
+        if last_node >= len(predictions):  # vLLM scheduled fewer nodes
+            continue
+        newest[column] = predictions[last_node]
+        continuation = tuple(level[column] for level in window[1:]) + (newest[column],)
+        state.pool.add(tokens[key_node], continuation)
+        harvested += 1
+    state.window = [*window[1:], newest]
+    return harvested

@@ -1,0 +1,45 @@
+"""The speculative methods this plugin adds, in one registry: what vLLM's
+``custom_class`` path loads for each, its options and what it checks at start-up."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_lookahead.lookahead.options import DEFAULT_SPEC_TOKENS as LOOKAHEAD_K
+from vllm_lookahead.lookahead.options import LookaheadOptions
+from vllm_lookahead.mtad.options import DEFAULT_SPEC_TOKENS as MTAD_K
+from vllm_lookahead.mtad.options import MTADOptions
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    proposer: str  # the class vLLM's custom_class path loads, as "module.Class"
+    options: type  # its options dataclass (a MethodOptions)
+    default_k: int  # num_speculative_tokens when not given
+    #: ``speculative_config["model"]`` spellings that select the method without "method"
+    model_aliases: tuple[str, ...] = ()
+    #: ``speculative_config["model"]`` is the method's own (auxiliary) model
+    takes_model: bool = False
+    #: "module:function(options, target_model_config)", imported only when the method is
+    #: selected (it may load model code)
+    startup_check: str | None = None
+
+    def check(self, options: Any, target_model_config: Any) -> None:
+        if self.startup_check:
+            module, function = self.startup_check.split(":")
+            getattr(importlib.import_module(module), function)(options, target_model_config)
+
+
+METHODS = {m.name: m for m in (
+    Method("lookahead", "vllm_lookahead.lookahead.proposer.LookaheadProposer",
+           LookaheadOptions, LOOKAHEAD_K, model_aliases=("lookahead", "[lookahead]")),
+    Method("mtad", "vllm_lookahead.mtad.proposer.MTADProposer", MTADOptions, MTAD_K,
+           takes_model=True, startup_check="vllm_lookahead.mtad.startup:check_auxiliary_model"),
+)}
+
+
+def method_by_model_alias(model: Any) -> Method | None:
+    return next((m for m in METHODS.values() if model in m.model_aliases), None)

@@ -1,0 +1,55 @@
+"""Every place where the plugin touches vLLM's model runner, sampler, attention and
+scheduler, split by concern (the configuration layer's are in ``engine_config.py``).
+
+The ``custom_class`` proposer interface passes neither request ids nor the target's
+predictions, and vLLM's CPU fallback corrupts sampling verification. Each patch
+below wraps the original (no vLLM method body is copied) and is installed at most
+once per process; the runner, sampler and attention patches only in worker processes.
+
+| vLLM attribute | module | patch | why | verified on |
+|---|---|---|---|---|
+| ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | ``__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0, 0.26.0 (CPU, mp executor, TP 1 and 2); 0.33.0 read |
+| ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | ``runner`` | wrapped | hands the runner to its drafter (``hooks.DrafterHooks``: request ids per batch row) and connects the drafter's hooks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``runner._update_states`` (instance attribute of the bound runner) | ``runner`` | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count and whether it holds prompt tokens (the drafter times decode passes until ``propose``) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE), plans the step's branches and their scratch blocks (``tree_attention``) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``builder.build`` of each ``runner.attn_groups[0][i].metadata_builders`` (instance attribute) | ``tree_step`` | wrapped | in a step with trees, builds the backend's metadata from ``CommonAttentionMetadata`` split into branch sequences (``tree_attention.split_metadata``) | 0.32.0, 0.26.0 (CPU_ATTN); 0.33.0 read |
+| ``vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward`` | ``cpu_attention`` | wrapped | before the kernel, fills the branches' scratch blocks (root block copy, path keys and values) and keeps the tree nodes' keys and values for the move after verification | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``impl.do_kv_cache_update``, ``layer.attn_backend.get_kv_cache_shape`` | ``tree_attention`` | called | the backend's own KV writer fills scratch blocks and moves accepted nodes; the shape tells which cache dimension indexes blocks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``vllm.v1.core.sched.scheduler.Scheduler.__init__`` | ``scheduler`` | wrapped (every process; acts in the engine core) | with tree drafts on, takes the branches' scratch blocks (the pool's last ids) out of ``kv_cache_manager.block_pool`` with ``touch`` | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``vllm.v1.sample.rejection_sampler.rejection_sample`` | ``sampler`` | wrapped | captures the target's argmax (and, if the drafter asks, its top-k with log-probabilities) at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule), after vLLM has applied the request's temperature, top-k and top-p; verifies tree drafts (longest path the target's greedy choices or samples follow) and moves the accepted path's KV to the positions vLLM expects | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | ``sampler`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0, 0.26.0 (CPU); 0.33.0 read (bug still there) |
+| ``vllm.distributed.get_tp_group().broadcast_object`` | ``runner`` | called | every rank drafts with the first rank's step budget; MTAD drafts on the first rank only | 0.32.0, 0.26.0 (CPU, TP 2); 0.33.0 read |
+"""
+
+from __future__ import annotations
+
+from vllm_lookahead import _patching
+
+
+def install() -> None:
+    """Called by ``plugin.register`` in every process; defers real work to workers."""
+    from vllm.v1.worker import worker_base
+
+    from vllm_lookahead.worker import scheduler
+
+    def make_wrapper(original):
+        def __init__(self, *args, **kwargs):
+            _install_worker_patches()
+            original(self, *args, **kwargs)
+
+        return __init__
+
+    _patching.wrap(worker_base.WorkerBase, "__init__", make_wrapper)
+    scheduler.install()
+
+
+def _install_worker_patches() -> None:
+    from vllm.platforms import current_platform
+    from vllm.v1.worker import gpu_model_runner
+
+    from vllm_lookahead.worker import cpu_attention, runner, sampler
+
+    _patching.wrap(gpu_model_runner.GPUModelRunner, "__init__", runner.binding_init)
+    sampler.install()
+    if current_platform.is_cpu():
+        cpu_attention.install()

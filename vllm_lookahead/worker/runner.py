@@ -1,0 +1,143 @@
+"""Runner binding and the runner's state as the drafters read it.
+
+This module is the only reader of vLLM's model runner, its input batch, its requests'
+``SamplingParams`` and the tensor-parallel group; drafters call these functions instead
+of reaching into vLLM objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm_lookahead.worker import sampler, tree_step
+from vllm_lookahead.worker.hooks import hook
+
+
+def binding_init(original):
+    """Wrap ``GPUModelRunner.__init__``: hand the runner to its drafter and connect the
+    drafter's hooks (``hooks.DrafterHooks``)."""
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        drafter = getattr(self, "drafter", None)
+        if drafter is None:
+            return
+        if hook(drafter, "bind_model_runner"):
+            drafter.bind_model_runner(self)
+        if hook(drafter, "on_requests_removed") and hasattr(self, "_update_states"):
+            _observe_scheduler_output(self, drafter)
+        if hook(drafter, "draft_tree"):
+            tree_step.place_tree_nodes(self, drafter)
+        sampler.connect(drafter)
+
+    return __init__
+
+
+def _observe_scheduler_output(runner: Any, drafter: Any) -> None:
+    """Wrap ``runner._update_states`` (instance attribute): step start and removed
+    requests reach the drafter."""
+    original = runner._update_states
+    step_started = hook(drafter, "on_step_start")
+
+    def _update_states(scheduler_output, *args, **kwargs):
+        if step_started is not None:
+            step_started(scheduler_output.total_num_scheduled_tokens,
+                         is_decode_only(scheduler_output))
+        result = original(scheduler_output, *args, **kwargs)
+        finished = scheduler_output.finished_req_ids  # aborted ones included
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
+        if finished or preempted:
+            drafter.on_requests_removed(set(finished), set(preempted))
+        return result
+
+    runner._update_states = _update_states
+
+
+def is_decode_only(scheduler_output: Any) -> bool:
+    """No prompt token in the step: each request computes one token plus its draft."""
+    drafts = scheduler_output.scheduled_spec_decode_tokens
+    return all(count == 1 + len(drafts.get(req_id, ()))
+               for req_id, count in scheduler_output.num_scheduled_tokens.items())
+
+
+def check_bound(runner: Any) -> None:
+    """Raise unless ``binding_init`` handed the runner over (vLLM calls the drafter's
+    ``load_model`` after building the runner, so this is the place to check)."""
+    if runner is None:
+        raise RuntimeError(
+            "vllm-lookahead: the model runner was not bound to the proposer; "
+            "is the vllm_lookahead plugin installed in this Python environment?"
+        )
+
+
+def request_ids(runner: Any) -> list[str | None]:
+    """Request id of each input-batch row (the rows ``propose`` receives)."""
+    return runner.input_batch.req_ids
+
+
+def live_request_ids(runner: Any) -> Any:
+    """Requests the runner still holds state for (running, paused or preempted)."""
+    return runner.requests.keys()
+
+
+def num_prompt_tokens(runner: Any, row: int) -> int:
+    return int(runner.input_batch.num_prompt_tokens[row])
+
+
+def device(runner: Any) -> torch.device:
+    return runner.device
+
+
+def sampling_params(runner: Any, req_id: str) -> Any:
+    """The request's ``SamplingParams`` (None for pooling requests)."""
+    return getattr(runner.requests.get(req_id), "sampling_params", None)
+
+
+def extra_args(runner: Any, req_id: str) -> dict[str, Any] | None:
+    """The request's ``SamplingParams.extra_args`` (None for pooling requests)."""
+    return getattr(sampling_params(runner, req_id), "extra_args", None)
+
+
+def is_greedy(runner: Any, req_id: str) -> bool:
+    params = sampling_params(runner, req_id)
+    return params is None or params.temperature == 0
+
+
+def allows_trees(params: Any) -> bool:
+    """Tree drafts need every node's target distribution to depend on its ancestors
+    only: vLLM applies penalties, bad words, min_tokens, structured output and
+    logprobs by position in the flat draft, so such requests (``SamplingParams``)
+    get linear drafts."""
+    if params is None:
+        return False
+    return (params.logprobs is None and params.repetition_penalty == 1.0
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+            and not params.bad_words and not params.min_tokens
+            and getattr(params, "structured_outputs", None) is None)
+
+
+def worker_rank() -> int:
+    """This worker's rank in the engine's process group (0 without one)."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _tp_group() -> Any:
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    return parallel_state.get_tp_group()
+
+
+def is_first_tp_rank() -> bool:
+    group = _tp_group()
+    return group is None or group.rank_in_group == 0
+
+
+def broadcast_from_first_tp_rank(obj: Any) -> Any:
+    """``obj`` as the first tensor-parallel rank has it (no-op without TP)."""
+    group = _tp_group()
+    if group is None or group.world_size == 1:
+        return obj
+    return group.broadcast_object(obj, src=0)

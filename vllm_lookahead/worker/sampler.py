@@ -1,0 +1,160 @@
+"""The sampler hook: capture the target's predictions at every draft position, hand
+verification to a drafter's own rule, verify tree drafts; and vLLM's CPU sampling fix.
+
+This module is the only reader of vLLM's ``sampling_metadata``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_lookahead import _patching
+from vllm_lookahead.tree import accepted_path
+from vllm_lookahead.worker import tree_attention, tree_step
+from vllm_lookahead.worker.hooks import AcceptanceRule, VerificationCapture, hook
+
+logger = logging.getLogger(__name__)
+
+# One model runner per worker process, hence one drafter observing verification and
+# one acceptance rule.
+_observer: Any = None
+_acceptance_rule: AcceptanceRule | None = None
+
+
+def install() -> None:
+    from vllm.v1.sample import rejection_sampler
+
+    _patching.wrap(rejection_sampler, "rejection_sample", _hooked_rejection_sample)
+    if cpu_expand_is_broken():
+        _patching.replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
+        logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
+
+
+def connect(drafter: Any) -> None:
+    """The runner's drafter observes verification and may replace vLLM's rule."""
+    global _observer, _acceptance_rule
+    if hook(drafter, "on_verification"):
+        _observer = drafter
+    if hook(drafter, "acceptance_rule") is not None:
+        _acceptance_rule = drafter.acceptance_rule
+
+
+def _hooked_rejection_sample(original):
+    def rejection_sample(
+        draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+        draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
+    ):
+        capture = None
+        if _observer is not None:
+            capture = capture_verification(draft_token_ids, num_draft_tokens, target_logits,
+                                           bonus_token_ids, hook(_observer, "capture_top_k") or 0)
+            _observer.on_verification(capture)
+        sampling_metadata = args[0] if args else kwargs["sampling_metadata"]
+        if _acceptance_rule is not None:
+            output = _acceptance_rule(draft_token_ids, list(num_draft_tokens), max_spec_len,
+                                      target_logits, bonus_token_ids, sampling_metadata)
+            if output is not None:
+                return output
+        output = original(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+            draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
+        )
+        step = tree_step.finish_step()  # dummy runs after this must not see its trees
+        if step is not None:
+            target_argmax = capture.target_argmax if capture else target_logits.argmax(-1)
+            _verify_trees(step, output, draft_token_ids, list(num_draft_tokens),
+                          target_logits, target_argmax, bonus_token_ids, sampling_metadata)
+        return output
+
+    return rejection_sample
+
+
+def capture_verification(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids,
+                         top_k: int = 0) -> VerificationCapture:
+    """The target's argmax at every draft position, and its ``top_k`` with
+    log-probabilities if asked."""
+    capture = VerificationCapture(
+        num_draft_tokens=list(num_draft_tokens),
+        draft_token_ids=draft_token_ids,
+        target_argmax=target_logits.argmax(dim=-1),
+        bonus_token_ids=bonus_token_ids.view(-1),
+    )
+    top_k = min(top_k, target_logits.shape[-1])
+    if top_k and target_logits.shape[0]:
+        values, capture.target_top_ids = target_logits.topk(top_k, dim=-1)
+        capture.target_top_logprobs = values - target_logits.logsumexp(-1, keepdim=True)
+    return capture
+
+
+def _verify_trees(step: tree_attention.TreeStep, output: torch.Tensor,
+                  draft_token_ids: torch.Tensor, num_draft_tokens: list[int],
+                  target_logits: torch.Tensor, target_argmax: torch.Tensor,
+                  bonus_token_ids: torch.Tensor, sampling_metadata: Any) -> None:
+    """Replace vLLM's linear verdict for tree rows (in place): follow, from the root,
+    the child whose token the target chose at each node (greedy: its argmax; random:
+    a sample of the processed distribution, which is lossless for point-mass drafts
+    with distinct sibling tokens), emit those tokens and the target's token at the
+    last node; then move the accepted nodes' KV to the positions after the root."""
+    offsets = np.cumsum([0, *num_draft_tokens])
+    temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+    generators = sampling_metadata.generators
+    moves_from, moves_to = [], []
+    for row, tree in step.rows.items():
+        begin, end = int(offsets[row]), int(offsets[row + 1])
+        if end - begin != len(tree.parents) - 1:
+            raise RuntimeError(f"vllm-lookahead: row {row} verified {end - begin} draft "
+                               f"tokens, its tree has {len(tree.parents) - 1}")
+        if temperature is None or float(temperature[row]) <= 0:
+            predictions = target_argmax[begin:end]
+        else:
+            predictions = target_logits[begin:end].softmax(-1, dtype=torch.float32).multinomial(
+                1, generator=generators.get(row)).view(-1)
+        predictions = predictions.tolist() + [int(bonus_token_ids.view(-1)[row])]
+        tokens = [-1, *draft_token_ids[begin:end].tolist()]
+        path = accepted_path(tree.parents, tokens, predictions)
+        emitted = [tokens[node] for node in path] + [predictions[path[-1] if path else 0]]
+        output[row].fill_(-1)
+        output[row, : len(emitted)] = torch.tensor(emitted, dtype=output.dtype)
+        for depth, node in enumerate(path, start=1):
+            if node != depth:
+                moves_from.append(tree.first_token + node)
+                moves_to.append(int(tree.slots[depth]))
+    tree_attention.move_accepted_kv(step, moves_from, moves_to)
+
+
+def greedy_rows(sampling_metadata: Any, rows: int) -> list[bool]:
+    """Which rows of the pass sample greedily."""
+    if sampling_metadata.all_greedy:
+        return [True] * rows
+    if sampling_metadata.all_random:
+        return [False] * rows
+    return (sampling_metadata.temperature == 0).tolist()
+
+
+def row_generators(sampling_metadata: Any) -> dict[int, torch.Generator]:
+    """Per-request generators (seeded requests) by row."""
+    return sampling_metadata.generators
+
+
+def cpu_expand_is_broken() -> bool:
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+
+    return current_platform.is_cpu() and not HAS_TRITON
+
+
+def expand_batch_to_tokens(
+    x: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    num_tokens: int,
+    replace_from: Any = 0,
+    replace_to: Any = 0,
+) -> torch.Tensor:
+    """Pure-torch ``expand_batch_to_tokens``: row value i repeated count_i times."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    x = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), x)
+    return x.repeat_interleave(counts, output_size=num_tokens)

@@ -1,0 +1,189 @@
+"""The runner side of tree verification, for any attention backend: give tree nodes
+their depth as position, plan each step's branches and scratch blocks, build the
+backends' metadata from the branch-split batch (``tree_attention.py``), and refuse
+trees where the target's attention cannot take them.
+
+A backend's own part (writing the branches' keys and values before its kernel) lives
+beside this module, one module per backend (``cpu_attention.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_lookahead import _patching
+from vllm_lookahead.tree import depths_of, is_chain
+from vllm_lookahead.worker import tree_attention
+from vllm_lookahead.worker.hooks import DrafterHooks
+
+#: Attention backends whose tree verification has been tested. The code is
+#: backend-neutral; FLASH_ATTN waits for a GPU run (and CUDA graphs that replay
+#: attention without the Python wrapper must be ruled out for tree steps).
+TREE_BACKENDS = ("CPUAttentionBackendImpl",)
+
+# One model runner per worker process, hence one step's trees at a time.
+_step: tree_attention.TreeStep | None = None
+
+
+def active_step() -> tree_attention.TreeStep | None:
+    """The trees of the step being computed, if it has any."""
+    return _step
+
+
+def finish_step() -> tree_attention.TreeStep | None:
+    """The step's trees, for verification; later (dummy) runs see none."""
+    global _step
+    step, _step = _step, None
+    return step
+
+
+def place_tree_nodes(runner: Any, source: DrafterHooks) -> None:
+    """Wrap ``runner._prepare_inputs`` (instance attribute): vLLM computes positions and
+    KV slots as if the draft were linear; tree nodes keep those slots but get their
+    depth as position, and the step's branches get scratch blocks."""
+    original = runner._prepare_inputs
+    builders_wrapped = False  # the builders exist once the KV cache is initialized
+
+    def _prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
+        global _step
+        nonlocal builders_wrapped
+        result = original(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+        if not builders_wrapped:
+            _wrap_metadata_builders(runner)
+            builders_wrapped = True
+        _step = _trees_of_step(runner, source, scheduler_output)
+        return result
+
+    runner._prepare_inputs = _prepare_inputs
+
+
+def _trees_of_step(runner: Any, source: DrafterHooks, scheduler_output: Any
+                   ) -> tree_attention.TreeStep | None:
+    spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+    if not spec_tokens:
+        return None
+    batch = runner.input_batch
+    query_starts = runner.query_start_loc.np
+    slot_mapping = batch.block_table[0].slot_mapping.gpu
+    block_size = _block_size(runner)
+    block_tables = batch.block_table[0].block_table.np
+    free_blocks = list(_scratch_blocks(runner))
+    rows, branches, prefixes = {}, [], {}
+    for row, req_id in enumerate(batch.req_ids):
+        scheduled = spec_tokens.get(req_id)
+        if not scheduled:
+            continue
+        parents = source.draft_tree(req_id, list(scheduled))
+        if parents is None or is_chain(parents):
+            continue
+        start, size = int(query_starts[row]), len(parents)
+        prefix = int(batch.num_computed_tokens_cpu[row])
+        planned = tree_attention.plan_branches(row, parents, start, prefix, block_size,
+                                               free_blocks)
+        source.on_tree_planned(req_id, None if planned is None else len(planned))
+        if planned is None:  # out of scratch blocks: verified as a linear draft
+            continue
+        runner.positions[start : start + size] = torch.from_numpy(
+            prefix + depths_of(parents)).to(runner.positions.device)
+        rows[row] = tree_attention.TreeRow(
+            parents=parents, first_token=start,
+            slots=slot_mapping[start : start + size].cpu().numpy().astype(np.int64))
+        branches.extend(planned)
+        prefixes[row] = prefix
+    if not rows:
+        return None
+    step = tree_attention.make_step(rows, branches, block_tables, prefixes, block_size)
+    caches, dim = _layer_caches(runner)
+    tree_attention.copy_root_blocks(caches, dim, step)
+    return step
+
+
+_stacked_caches: dict[int, tuple[list[torch.Tensor], int]] = {}
+
+
+def _layer_caches(runner: Any) -> tuple[list[torch.Tensor], int]:
+    """The runner's KV caches for ``copy_root_blocks`` (stacked once per allocation)
+    and the block dimension of one layer's cache."""
+    first = runner.kv_caches[0]
+    found = _stacked_caches.get(first.data_ptr())
+    if found is None:
+        _stacked_caches.clear()
+        backend = runner.attn_groups[0][0].backend
+        found = _stacked_caches[first.data_ptr()] = (
+            tree_attention.stacked(runner.kv_caches), tree_attention.block_dim(backend, first))
+    return found
+
+
+def _block_size(runner: Any) -> int:
+    return runner.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+
+
+def _scratch_blocks(runner: Any) -> list[int]:
+    """The blocks ``scheduler.hold_back_scratch_blocks`` took out of the scheduler's pool."""
+    config = runner.kv_cache_config
+    count = tree_attention.scratch_block_count(
+        config.num_blocks, _block_size(runner), runner.speculative_config.num_speculative_tokens)
+    return tree_attention.scratch_block_ids(config.num_blocks, count)
+
+
+def _wrap_metadata_builders(runner: Any) -> None:
+    """Wrap each attention metadata builder's ``build`` (instance attribute): in a step
+    with tree branches it builds from the branch-split common metadata."""
+    if len(runner.attn_groups) != 1:
+        raise ValueError("lookahead: tree_candidates and tree_window need a model with one "
+                         f"KV cache group (this one has {len(runner.attn_groups)}); set both "
+                         "to 0 (linear drafts) for this model")
+    for group in runner.attn_groups[0]:
+        if getattr(group, "kernel_block_size", None) not in (None, _block_size(runner)):
+            raise ValueError("lookahead: tree_candidates and tree_window need the attention "
+                             "kernel's block size to equal the KV cache's; set both to 0")
+        for builder in group.metadata_builders:
+            _patching.wrap(builder, "build", _branch_aware_build)
+
+
+def _branch_aware_build(original):
+    def build(common_prefix_len, common_attn_metadata, *args, **kwargs):
+        step = _step
+        if step is not None and step.branches:
+            common_attn_metadata = tree_attention.split_metadata(common_attn_metadata, step)
+            common_prefix_len = 0  # no cascade attention over the split batch
+            step.metadata_rewritten = True
+        return original(common_prefix_len, common_attn_metadata, *args, **kwargs)
+
+    return build
+
+
+def check_tree_attention(runner: Any) -> None:
+    """Raise unless every attention layer of the target can take trees here: a tested
+    backend, decoder self-attention without sliding window, ALiBi, soft-capping or
+    sinks, an unquantized KV cache and plain (not multimodal) rotary positions."""
+    from vllm.model_executor.layers.attention import Attention
+
+    problems = set()
+    if getattr(runner, "uses_mrope", False):
+        problems.add("multimodal rotary positions (M-RoPE)")
+    for module in runner.model.modules():
+        if not isinstance(module, Attention):
+            continue
+        impl = module.impl
+        if type(impl).__name__ not in TREE_BACKENDS:
+            problems.add(f"attention backend {type(impl).__name__} (trees are verified "
+                         "on CPU_ATTN only in this version)")
+            continue
+        if impl.attn_type != "decoder":
+            problems.add(f"{impl.attn_type} attention")
+        if impl.sliding_window != -1 or impl.alibi_slopes is not None or impl.sinks is not None \
+                or impl.logits_soft_cap:
+            problems.add("sliding window, ALiBi, attention sinks or soft-capping")
+        if impl.kv_cache_dtype != "auto":
+            problems.add(f"kv_cache_dtype {impl.kv_cache_dtype!r}")
+        if getattr(module, "kv_cache_update_bypass", False):  # vLLM 0.33: no K/V to write
+            problems.add("attention without its own key/value (kv_cache_update_bypass)")
+    if problems:
+        raise ValueError(
+            "lookahead: tree_candidates and tree_window need tree attention, which this "
+            f"model cannot take here: {'; '.join(sorted(problems))}. Set both to 0 (linear "
+            "drafts) for this model.")
