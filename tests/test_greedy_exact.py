@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import (
-    ENGINE_KWARGS,
     LONG_MAX_TOKENS,
     LONG_PROMPT,
     RESCORING,
