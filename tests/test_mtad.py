@@ -26,12 +26,13 @@ from conftest import (
 from vllm import LLM, SamplingParams
 
 from vllm_lookahead.mtad.acceptance import joint_accept
-from vllm_lookahead.mtad.drafter import (
+from vllm_lookahead.mtad.beams import (
     AuxiliaryState,
-    BeamDrafter,
+    BeamSampler,
     DraftJob,
     sampling_distribution,
 )
+from vllm_lookahead.mtad.transformers_drafter import TransformersDrafter
 from vllm_lookahead.engine_config import parse_speculative_config_arg, rewrite_speculative_config
 
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
@@ -136,18 +137,27 @@ def test_sampling_distribution_applies_top_k_and_top_p():
             [0.5, 0.3, 0.15, 0.05]).sqrt().sum()).tolist())
 
 
+def transformers_drafter(model, beam_width):
+    return TransformersDrafter(model, BeamSampler(beam_width, temperature=1.0, top_k=0,
+                                                  top_p=1.0, seed=0, device=torch.device("cpu")))
+
+
+def draft(drafter, jobs):
+    """(tokens, log q) of each job's best beam."""
+    return [beams.best() for beams in drafter.draft(jobs)]
+
+
 def test_drafts_continue_from_the_committed_cache(aux_model):
     """Drafting extends a request's cache and cuts the beams off again: a draft made
     after earlier drafts (and a partial acceptance) equals one from a fresh cache."""
-    drafter = BeamDrafter(aux_model, beam_width=4, temperature=1.0, top_k=0, top_p=1.0,
-                          seed=0)
+    drafter = transformers_drafter(aux_model, beam_width=4)
     context = np.array(make_prompts()[3][:40])
     state = AuxiliaryState()
-    ((first, _),) = drafter.draft([DraftJob(state, context[:30], 4, argmax=True)])
+    ((first, _),) = draft(drafter, [DraftJob(state, context[:30], 4, argmax=True)])
     assert state.cache.get_seq_length() == state.length == 30
     context = np.concatenate([context[:30], first[:2], [7]])  # two accepted, one sampled
-    ((again, logq),) = drafter.draft([DraftJob(state, context, 5, argmax=True)])
-    ((fresh, fresh_logq),) = drafter.draft([DraftJob(AuxiliaryState(), context, 5, True)])
+    ((again, logq),) = draft(drafter, [DraftJob(state, context, 5, argmax=True)])
+    ((fresh, fresh_logq),) = draft(drafter, [DraftJob(AuxiliaryState(), context, 5, True)])
     assert again == fresh and len(again) == 5
     assert logq == pytest.approx(fresh_logq, abs=1e-4)
     assert logq == pytest.approx(plain_logq(aux_model, context, again), abs=1e-4)
@@ -161,10 +171,9 @@ def plain_logq(model, context, draft):
 
 
 def test_sampled_beams_keep_the_best_of_several(aux_model):
-    drafter = BeamDrafter(aux_model, beam_width=4, temperature=1.0, top_k=0, top_p=1.0,
-                          seed=0)
+    drafter = transformers_drafter(aux_model, beam_width=4)
     context = np.array(make_prompts()[1][:50])
-    drafts = {tuple(drafter.draft([DraftJob(AuxiliaryState(), context, 4, False)])[0][0])
+    drafts = {tuple(draft(drafter, [DraftJob(AuxiliaryState(), context, 4, False)])[0][0])
               for _ in range(20)}
     assert len(drafts) > 1  # sampled, not the argmax chain
     assert all(len(d) == 4 for d in drafts)
@@ -173,20 +182,19 @@ def test_sampled_beams_keep_the_best_of_several(aux_model):
 def test_a_batch_of_requests_drafts_as_each_alone(aux_model):
     """Beam steps of several requests share one left-padded batch: contexts of other
     lengths, other draft lengths and beam counts must not change a request's draft."""
-    drafter = BeamDrafter(aux_model, beam_width=3, temperature=1.0, top_k=0, top_p=1.0,
-                          seed=0)
+    drafter = transformers_drafter(aux_model, beam_width=3)
     prompts = make_prompts()
     specs = [(prompts[1][:50], 4), (prompts[3][:12], 2), (prompts[5][:90], 5),
              (prompts[7][:30], 1)]
-    alone = [drafter.draft([DraftJob(AuxiliaryState(), np.array(p), n, True)])[0]
+    alone = [draft(drafter, [DraftJob(AuxiliaryState(), np.array(p), n, True)])[0]
              for p, n in specs]
-    together = drafter.draft([DraftJob(AuxiliaryState(), np.array(p), n, True)
+    together = draft(drafter, [DraftJob(AuxiliaryState(), np.array(p), n, True)
                               for p, n in specs])
     for (tokens, logq), (batched_tokens, batched_logq) in zip(alone, together):
         assert batched_tokens == tokens
         assert batched_logq == pytest.approx(logq, abs=1e-4)
     # sampled: 3 beams per request, reordered by parent at every step
-    sampled = drafter.draft([DraftJob(AuxiliaryState(), np.array(p), n, False)
+    sampled = draft(drafter, [DraftJob(AuxiliaryState(), np.array(p), n, False)
                              for p, n in specs])
     for (prompt, n), (tokens, logq) in zip(specs, sampled):
         assert len(tokens) == n
@@ -208,6 +216,7 @@ def test_missing_model_is_a_clear_error():
     ("acceptance_threshold", 0, r"\(0, 1\]"),
     ("beam_width", 0, ">= 1"),
     ("draft_top_p", 1.5, r"\(0, 1\]"),
+    ("auxiliary_runner", "hf", "'vllm' or 'transformers'"),
 ])
 def test_bad_options_name_the_option_and_the_accepted_values(llama_path, option, value,
                                                              accepted):
@@ -313,6 +322,19 @@ def test_chunked_prefill_and_preemption_keep_greedy_exact(llama_path, llama_refe
     assert outputs == llama_reference
     assert all(len(o) == 64 for o in sampled)
     assert preemptions > 0
+
+
+def test_transformers_runner_drafts_alike(llama_path, llama_reference):
+    """``auxiliary_runner="transformers"`` (the fallback): the same guarantees."""
+    llm = LLM(llama_path, speculative_config=mtad(llama_path, auxiliary_runner="transformers",
+                                                  draft_top_k=0, draft_top_p=1.0),
+              **ENGINE_KWARGS)
+    outputs, per_pass = tokens_per_pass(llm, lambda: generate(llm, make_prompts(), greedy()))
+    sampled, sampled_per_pass = tokens_per_pass(
+        llm, lambda: generate(llm, make_prompts(), SAMPLED))
+    shutdown(llm)
+    assert outputs == llama_reference and per_pass > 4.3
+    assert all(len(o) == 64 for o in sampled) and sampled_per_pass > 4.3
 
 
 def test_other_auxiliary_model_gives_partial_acceptance(llama_path, qwen2_path):

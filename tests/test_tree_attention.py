@@ -14,6 +14,7 @@ import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from vllm_lookahead.worker import tree_attention
+from vllm_lookahead.worker.scratch import scratch_blocks
 from vllm_lookahead.tree import ancestor_mask, depths_of
 
 BLOCK = 4
@@ -42,10 +43,25 @@ def test_a_tree_without_enough_scratch_blocks_is_not_planned():
     assert free == [20, 21, 22]
 
 
+def scratch_config(method, k=24, max_num_seqs=2, **options):
+    return SimpleNamespace(
+        additional_config={"vllm_lookahead": {"method": method, **options}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+
+
 def test_scratch_blocks_are_the_pools_last_and_bounded():
     assert tree_attention.scratch_block_count(10_000, 16, 24) == 32 * 3
     assert tree_attention.scratch_block_count(80, 128, 24) == 10  # an eighth of the pool
-    assert tree_attention.scratch_block_ids(100, 3) == [97, 98, 99]
+    trees = scratch_blocks(scratch_config("lookahead", tree_window=3), 10_000, 16)
+    assert trees.trees == list(range(10_000 - 96, 10_000)) and trees.beams == []
+    assert scratch_blocks(scratch_config("lookahead"), 10_000, 16).all == []
+    # mtad: B - 1 beams of each of max_num_seqs requests, each the root block and 2 more
+    beams = scratch_blocks(scratch_config("mtad", beam_width=4), 10_000, 16)
+    assert beams.beams == list(range(10_000 - 2 * 3 * 3, 10_000)) and beams.trees == []
+    assert len(scratch_blocks(scratch_config("mtad", max_num_seqs=256), 800, 16).beams) == 100
+    assert scratch_blocks(scratch_config("mtad", auxiliary_runner="transformers"),
+                          800, 16).all == []
 
 
 def _common_metadata(query_lens, seq_lens, block_table):
@@ -189,7 +205,7 @@ def test_a_step_without_its_split_metadata_refuses_to_attend():
 def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
     from vllm.v1.core.block_pool import BlockPool
 
-    from vllm_lookahead.worker.scheduler import hold_back_scratch_blocks
+    from vllm_lookahead.worker.scheduler import hold_back_blocks
 
     num_blocks, block_size, k = 400, 16, 12
 
@@ -199,16 +215,26 @@ def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
         self.kv_cache_config = SimpleNamespace(
             num_blocks=num_blocks,
             kv_cache_groups=[SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=block_size))])
-        self.vllm_config = SimpleNamespace(
-            additional_config={"vllm_lookahead": {"method": "lookahead", "tree_window": trees}},
-            speculative_config=SimpleNamespace(num_speculative_tokens=k))
+        self.vllm_config = scratch_config("lookahead", k, tree_window=trees)
+        self.num_lookahead_tokens = 0
 
-    held = tree_attention.scratch_block_ids(
-        num_blocks, tree_attention.scratch_block_count(num_blocks, block_size, k))
+    held = scratch_blocks(scratch_config("lookahead", k, tree_window=4), num_blocks,
+                          block_size).trees
     for trees, expected_free in ((0, num_blocks - 1), (4, num_blocks - 1 - len(held))):
         scheduler = SimpleNamespace()
-        hold_back_scratch_blocks(scheduler_init)(scheduler, trees)
+        hold_back_blocks(scheduler_init)(scheduler, trees)
         pool = scheduler.kv_cache_manager.block_pool
         assert pool.get_num_free_blocks() == expected_free  # block 0 is vLLM's null block
         handed_out = {block.block_id for block in pool.get_new_blocks(expected_free)}
         assert handed_out.isdisjoint(held) == bool(trees)
+    # mtad: beam blocks held back, lookahead slots for the auxiliary model's draft
+    def mtad_init(self):
+        scheduler_init(self, 0)
+        self.vllm_config = scratch_config("mtad", k)
+
+    scheduler = SimpleNamespace()
+    hold_back_blocks(mtad_init)(scheduler)
+    beams = scratch_blocks(scratch_config("mtad", k), num_blocks, block_size).beams
+    assert len(beams) > 0 and scheduler.num_lookahead_tokens == k
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == \
+        num_blocks - 1 - len(beams)

@@ -10,6 +10,7 @@ from vllm_lookahead.options import MethodOptions, option_field, options_table
 #: MTAD's draft length γ when ``num_speculative_tokens`` is not given (the paper's 4).
 DEFAULT_SPEC_TOKENS = 4
 ACCEPTANCE_MODES = ("joint", "lossless")
+AUXILIARY_RUNNERS = ("vllm", "transformers")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class MTADOptions(MethodOptions):
     draft_top_k: int = option_field(10, 0, "Top-k of the auxiliary model's beam sampling (0: off).")
     draft_top_p: float = option_field(
         0.9, 0.0, "Top-p of the auxiliary model's beam sampling.", low_open=True,
+    )
+    auxiliary_runner: str = option_field(
+        "vllm", None,
+        "`vllm`: the auxiliary model runs on vLLM's model code, kernels and paged KV cache "
+        "(beams in KV blocks of their own); where vLLM cannot (tensor or pipeline "
+        "parallelism, a model vLLM cannot load) it runs on transformers, with the reason "
+        "logged. `transformers`: always on transformers, first rank only.",
+        choices=AUXILIARY_RUNNERS,
     )
 
 

@@ -130,6 +130,15 @@ def _tp_group() -> Any:
     return parallel_state.get_tp_group()
 
 
+def model_parallel_size() -> int:
+    """Tensor-parallel times pipeline-parallel ranks (1 without a process group)."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_tp_group().world_size * parallel_state.get_pp_group().world_size
+
+
 def is_first_tp_rank() -> bool:
     group = _tp_group()
     return group is None or group.rank_in_group == 0

@@ -44,14 +44,9 @@ MAX_STEP_BRANCHES = 32
 def scratch_block_count(num_blocks: int, block_size: int, max_draft: int) -> int:
     """Blocks held back from vLLM's pool for branches: a branch spans the root's block
     and at most ``ceil(K / block_size)`` more. Never more than an eighth of the pool.
-    The scheduler and every worker compute it from the same numbers."""
+    (``scratch.py`` places them.)"""
     per_branch = 1 + math.ceil(max_draft / block_size)
     return min(MAX_STEP_BRANCHES * per_branch, num_blocks // 8)
-
-
-def scratch_block_ids(num_blocks: int, count: int) -> list[int]:
-    """The held-back blocks: the pool's last ``count`` block ids."""
-    return list(range(num_blocks - count, num_blocks))
 
 
 @dataclass

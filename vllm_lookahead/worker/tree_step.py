@@ -18,6 +18,7 @@ from vllm_lookahead import _patching
 from vllm_lookahead.tree import depths_of, is_chain
 from vllm_lookahead.worker import tree_attention
 from vllm_lookahead.worker.hooks import DrafterHooks
+from vllm_lookahead.worker.scratch import scratch_blocks
 
 #: Attention backends whose tree verification has been tested. The code is
 #: backend-neutral; FLASH_ATTN waits for a GPU run (and CUDA graphs that replay
@@ -122,11 +123,9 @@ def _block_size(runner: Any) -> int:
 
 
 def _scratch_blocks(runner: Any) -> list[int]:
-    """The blocks ``scheduler.hold_back_scratch_blocks`` took out of the scheduler's pool."""
-    config = runner.kv_cache_config
-    count = tree_attention.scratch_block_count(
-        config.num_blocks, _block_size(runner), runner.speculative_config.num_speculative_tokens)
-    return tree_attention.scratch_block_ids(config.num_blocks, count)
+    """The tree blocks ``scheduler.hold_back_blocks`` took out of the scheduler's pool."""
+    return scratch_blocks(runner.vllm_config, runner.kv_cache_config.num_blocks,
+                          _block_size(runner)).trees
 
 
 def _wrap_metadata_builders(runner: Any) -> None:

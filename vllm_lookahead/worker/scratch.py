@@ -1,0 +1,45 @@
+"""KV blocks held back from vLLM's pool for tree branches and MTAD beams. The engine
+core's scheduler takes them out (``scheduler.py``); every worker computes the same ids
+from the same numbers: the pool's last blocks, beams' before trees'."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_lookahead.options import method_config
+from vllm_lookahead.worker import tree_attention
+
+#: Never more than this share of the pool for MTAD's beams; a request that finds
+#: none left drafts one beam.
+BEAM_SHARE = 8
+
+
+@dataclass(frozen=True)
+class ScratchBlocks:
+    trees: list[int]
+    beams: list[int]
+
+    @property
+    def all(self) -> list[int]:
+        return self.beams + self.trees
+
+
+def scratch_blocks(vllm_config: Any, num_blocks: int, block_size: int) -> ScratchBlocks:
+    options = method_config(vllm_config)
+    max_draft = vllm_config.speculative_config.num_speculative_tokens
+    trees = beams = 0
+    if options.get("method") == "lookahead" and (options.get("tree_candidates")
+                                                 or options.get("tree_window")):
+        trees = tree_attention.scratch_block_count(num_blocks, block_size, max_draft)
+    if options.get("method") == "mtad" and options.get("auxiliary_runner", "vllm") == "vllm":
+        from vllm_lookahead.mtad.options import MTADOptions
+
+        beam_width = options.get("beam_width", MTADOptions.beam_width)
+        per_beam = 1 + math.ceil(max_draft / block_size)
+        beams = min(vllm_config.scheduler_config.max_num_seqs * (beam_width - 1) * per_beam,
+                    num_blocks // BEAM_SHARE)
+    first = num_blocks - trees - beams
+    return ScratchBlocks(trees=list(range(first + beams, num_blocks)),
+                         beams=list(range(first, first + beams)))
