@@ -1,6 +1,6 @@
 """MTAD benchmark: an auxiliary model drafting for a larger target, sampling at T=1.
 
-    python -m benchmarks.mtad [--humaneval 10] [--mt-bench 8] [--max-tokens 256]
+    python -m benchmarks.mtad [--humaneval 10] [--mt-bench 10] [--max-tokens 256]
 
 Side by side, one engine at a time, batch 1 (one request in flight), on the first turn
 of HumanEval and MT-Bench prompts: no speculation, vLLM ``draft_model`` with the same
@@ -38,12 +38,18 @@ PASS_TIMEOUT_S = 10
 
 
 def method_configs(draft_path: str, k: int) -> dict[str, dict | None]:
+    """``mtad_*``: the best beam verified (linear); ``mtad_tree_*``: all beams, one tree;
+    ``*_transformers``: the auxiliary model on transformers instead of vLLM's kernels."""
+    mtad = {"method": "mtad", "model": draft_path, "num_speculative_tokens": k}
     return {
         "none": None,
         "draft_model": {"method": "draft_model", "model": draft_path, "num_speculative_tokens": k},
-        "mtad_joint": {"method": "mtad", "model": draft_path, "num_speculative_tokens": k},
-        "mtad_lossless": {"method": "mtad", "model": draft_path, "num_speculative_tokens": k,
-                          "acceptance": "lossless"},
+        "mtad_joint": {**mtad, "candidates": "best"},
+        "mtad_lossless": {**mtad, "candidates": "best", "acceptance": "lossless"},
+        "mtad_tree_joint": {**mtad, "candidates": "all"},
+        "mtad_tree_lossless": {**mtad, "candidates": "all", "acceptance": "lossless"},
+        "mtad_joint_transformers": {**mtad, "candidates": "best",
+                                    "auxiliary_runner": "transformers"},
     }
 
 
@@ -133,19 +139,28 @@ def write_results(results: dict, folder: Path) -> list[Path]:
     paths[0].write_text(json.dumps(results, indent=1))
     rows = results["rows"]
     base = {r["dataset"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
+    rival = {r["dataset"]: r for r in rows if r["method"] == "draft_model"}
     cpu = results["machine"]
     lines = [f"# MTAD: {results['draft']} drafting for {results['target']}", "",
              f"{cpu['cpu_model']} ({cpu['cores_usable']} cores), {results['dtype']}, "
              f"T={results['temperature']}, "
              f"batch 1, K={results['k']}, up to {results['max_tokens']} new tokens, "
              f"first turns; {results['date']}.", "",
-             "| dataset | method | requests | tokens/s | speedup | block efficiency | "
-             "perplexity | pass@1 |", "|---|---|---|---|---|---|---|---|"]
+             "| dataset | method | requests | tokens/s | speedup | tokens/s vs draft_model | "
+             "block efficiency | vs draft_model | perplexity | pass@1 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pass_at_1 = f"{r['pass_at_1']:.2f}" if "pass_at_1" in r else "-"
+        other = rival.get(r["dataset"])
+        speed_vs = f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x" if other else "-"
+        blocks_vs = (f"{r['block_efficiency'] / other['block_efficiency'] - 1:+.1%}"
+                     if other else "-")
         lines.append(f"| {r['dataset']} | {r['method']} | {r['requests']} | "
                      f"{r['tokens_per_s']:.2f} | {r['tokens_per_s'] / base[r['dataset']]:.2f}x | "
-                     f"{r['block_efficiency']:.2f} | {r['perplexity']:.2f} | {pass_at_1} |")
+                     f"{speed_vs} | {r['block_efficiency']:.2f} | {blocks_vs} | "
+                     f"{r['perplexity']:.2f} | {pass_at_1} |")
+    lines += ["", "Wall time per method (engine start, warm-up, all prompts): " + ", ".join(
+        f"{name} {seconds:.0f} s" for name, seconds in results["method_seconds"].items())]
     paths[1].write_text("\n".join(lines) + "\n")
 
     import matplotlib
@@ -161,8 +176,9 @@ def write_results(results: dict, folder: Path) -> list[Path]:
         for i, method in enumerate(methods):
             values = [next(r[metric] for r in rows if r["method"] == method
                            and r["dataset"] == d) for d in datasets]
-            axis.bar([x + i * 0.2 for x in range(len(datasets))], values, 0.2, label=method)
-        axis.set_xticks([x + 0.3 for x in range(len(datasets))], datasets)
+            width = 0.8 / len(methods)
+            axis.bar([x + i * width for x in range(len(datasets))], values, width, label=method)
+        axis.set_xticks([x + 0.4 - 0.4 / len(methods) for x in range(len(datasets))], datasets)
         axis.set_title(label)
     axes[0].legend()
     figure.suptitle(f"MTAD vs draft_model: {results['draft']} -> {results['target']}")
@@ -175,9 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--methods", default="none,draft_model,mtad_joint,mtad_lossless")
+    parser.add_argument("--methods", default="none,draft_model,mtad_joint,mtad_lossless,"
+                                              "mtad_tree_joint,mtad_tree_lossless")
     parser.add_argument("--humaneval", type=int, default=10, help="HumanEval prompts")
-    parser.add_argument("--mt-bench", type=int, default=8, help="MT-Bench first turns")
+    parser.add_argument("--mt-bench", type=int, default=10, help="MT-Bench first turns")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -203,12 +220,13 @@ def main(argv: list[str] | None = None) -> None:
         tasks = [json.loads(line) for line, _ in zip(f, range(args.humaneval))]
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
 
-    runs = {}
+    runs, method_seconds = {}, {}
     for name in methods:
         started = time.perf_counter()
         runs[name] = generate_all(target, configs[name], prompts, prompter.prompt(WARMUP, []),
                                   params, engine_args)
-        print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
+        method_seconds[name] = time.perf_counter() - started
+        print(f"{name}: {method_seconds[name]:.0f} s", flush=True)
     score_under_target(target, prompts, runs, engine_args)
 
     rows = []
@@ -225,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         "temperature": args.temperature, "dtype": args.dtype, "k": args.num_speculative_tokens,
         "max_tokens": args.max_tokens, "machine": machine.describe(),
         "software": machine.software_versions(), "git": machine.git_state(),
-        "rows": rows,
+        "rows": rows, "method_seconds": method_seconds,
         "outputs": {name: [{"tokens": o["output"], "forward_passes": o["forward_passes"],
                             "seconds": o["seconds"], "target_logprob": o["target_logprob"]}
                            for o in outputs] for name, outputs in runs.items()},

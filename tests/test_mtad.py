@@ -32,6 +32,7 @@ from vllm_lookahead.mtad.beams import (
     DraftJob,
     sampling_distribution,
 )
+from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.mtad.transformers_drafter import TransformersDrafter
 from vllm_lookahead.engine_config import parse_speculative_config_arg, rewrite_speculative_config
 
@@ -110,6 +111,65 @@ def test_random_cases_match_the_formula():
         assert output[expected] != -1 and all(t == -1 for t in output[expected + 1:])
         if expected < n:  # the extra token is one the target can sample there
             assert probs[expected][output[expected]] > 0
+
+
+def run_tree_rule(after, tokens, parents, logq, threshold=0.5, greedy_row=False, bonus=99):
+    """One tree row: ``after[i]`` is the target's distribution after node i (root 0)."""
+    logits = torch.tensor(after, dtype=torch.float64).clamp_min(1e-30).log().float()
+    return joint_accept(torch.tensor(tokens), [len(tokens)], len(tokens), logits,
+                        torch.tensor([bonus]), torch.tensor(logq), [greedy_row], threshold,
+                        parents=[np.array(parents)]).tolist()[0]
+
+
+def reference_tree_path(after, tokens, parents, logq, threshold):
+    """Nodes of the longest passing prefix over all root-to-leaf paths (first on ties)."""
+    best = []
+    for leaf in range(1, len(parents)):
+        if leaf in parents:
+            continue
+        path = [leaf]
+        while parents[path[-1]] > 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        depth = reference_accepted([after[parents[c]] for c in path],
+                                   [tokens[c - 1] for c in path],
+                                   [logq[c - 1] for c in path], threshold)
+        if depth > len(best):
+            best = path[:depth]
+    return best
+
+
+def test_a_tree_takes_the_path_with_the_longest_passing_prefix():
+    # root -> 1 (token 0) -> 2 (token 1); root -> 3 (token 2) -> 4 (token 3)
+    parents, tokens = [-1, 0, 1, 0, 3], [0, 1, 2, 3]
+    after = [[0.5, 0.1, 0.3, 0.1], [0.05, 0.05, 0.45, 0.45], P, [0.1, 0.1, 0.2, 0.6]]
+    logq = [math.log(0.5), math.log(0.5), math.log(0.3), math.log(0.5)]
+    # path 1-2 passes at depth 1 only (0.05 / 0.5); path 3-4 at depth 2: it wins, and as
+    # node 4 is the last node, vLLM's bonus token follows
+    assert reference_tree_path(after, tokens, parents, logq, 0.5) == [3, 4]
+    assert run_tree_rule(after, tokens, parents, logq) == [2, 3, 99, -1, -1]
+    # greedy: the argmax path only (token 0, then token 2 is no child of node 1)
+    assert run_tree_rule(after, tokens, parents, logq, greedy_row=True) == [0, 2, -1, -1, -1]
+
+
+def test_random_trees_match_the_formula():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n = int(rng.integers(1, 8))
+        parents = [-1] + [int(rng.integers(0, c)) for c in range(1, n + 1)]
+        after = rng.dirichlet(np.full(6, 0.5), size=n).tolist()
+        tokens = rng.integers(0, 6, size=n).tolist()
+        logq = np.log(rng.uniform(0.05, 1.0, size=n)).tolist()
+        threshold = float(rng.uniform(0.1, 1.0))
+        path = reference_tree_path(after, tokens, parents, logq, threshold)
+        output = run_tree_rule(after, tokens, parents, logq, threshold)
+        assert output[:len(path)] == [tokens[c - 1] for c in path]
+        assert output[len(path)] != -1 and all(t == -1 for t in output[len(path) + 1:])
+        end = path[-1] if path else 0
+        if end < n:  # the extra token is one the target can sample after the last node
+            assert after[end][output[len(path)]] > 0
+        else:
+            assert output[len(path)] == 99
 
 
 # -- the auxiliary drafter ----------------------------------------------------------------
@@ -225,11 +285,18 @@ def test_bad_options_name_the_option_and_the_accepted_values(llama_path, option,
 
 
 def test_options_reach_the_workers(llama_path):
-    spec, extra = rewrite_speculative_config(mtad(llama_path, beam_width=2), None)
+    spec, extra = rewrite_speculative_config(mtad(llama_path, beam_width=2,
+                                                  candidates="best"), None)
     assert spec == {"method": "custom_class", "num_speculative_tokens": 4,
                     "model": "vllm_lookahead.mtad.proposer.MTADProposer"}
     assert extra["vllm_lookahead"]["model"] == llama_path
     assert extra["vllm_lookahead"]["beam_width"] == 2
+    # all beams verified: vLLM schedules the whole tree, gamma x B tokens
+    spec, extra = rewrite_speculative_config(mtad(llama_path, beam_width=3), None)
+    assert spec["num_speculative_tokens"] == 12
+    assert MTADOptions.from_dict({"model": "m", "beam_width": 3}).draft_length(12) == 4
+    with pytest.raises(ValueError, match="schedule 160 draft tokens.*candidates to 'best'"):
+        rewrite_speculative_config(mtad(llama_path, num_speculative_tokens=40), None)
 
 
 def test_command_line_accepts_mtad_and_rejects_bad_values(llama_path):
@@ -311,10 +378,12 @@ def test_abort_mid_generation_frees_state(joint_llm, llama_reference):
 
 
 def test_chunked_prefill_and_preemption_keep_greedy_exact(llama_path, llama_reference):
-    """A 64-token prefill budget chunks the long prompts; a 1 MiB KV cache cannot hold the
-    8 requests, so some are preempted and resumed (their auxiliary cache rebuilt)."""
+    """A 64-token prefill budget chunks the long prompts; a KV cache of 1024 tokens cannot
+    hold the 8 requests, so some are preempted and resumed (their auxiliary cache
+    rebuilt). The auxiliary layers take as much KV per token as the target's here."""
+    stressed = {**STRESSED, "kv_cache_memory_bytes": 2 * STRESSED["kv_cache_memory_bytes"]}
     llm = LLM(llama_path, speculative_config=mtad(llama_path), disable_log_stats=False,
-              **STRESSED)
+              **stressed)
     outputs = generate(llm, make_prompts(), greedy())
     sampled = generate(llm, make_prompts(), SAMPLED)
     preemptions = metrics(llm)["vllm:num_preemptions"]
@@ -322,6 +391,21 @@ def test_chunked_prefill_and_preemption_keep_greedy_exact(llama_path, llama_refe
     assert outputs == llama_reference
     assert all(len(o) == 64 for o in sampled)
     assert preemptions > 0
+
+
+@pytest.mark.parametrize("acceptance", ["joint", "lossless"])
+def test_all_beams_verified_as_a_tree(llama_path, qwen2_path, llama_reference, acceptance):
+    """candidates='all': the trie of all beams in one target pass (tree attention on
+    CPU). Greedy rows stay exact; sampled rows accept tree nodes off the best beam."""
+    llm = LLM(llama_path, speculative_config=mtad(qwen2_path, candidates="all",
+                                                  acceptance=acceptance), **ENGINE_KWARGS)
+    outputs = generate(llm, make_prompts(), greedy())
+    sampled = generate(llm, make_prompts(), SAMPLED)
+    (stats,) = proposer_stats(llm)
+    shutdown(llm)
+    assert outputs == llama_reference
+    assert all(len(o) == 64 for o in sampled)
+    assert stats.tree_nodes > 0 and stats.tree_branches > 0
 
 
 def test_transformers_runner_drafts_alike(llama_path, llama_reference):
@@ -345,9 +429,10 @@ def test_other_auxiliary_model_gives_partial_acceptance(llama_path, qwen2_path):
     assert 1.0 <= per_pass < 4.0
 
 
-def test_lossless_mode_keeps_the_target_distribution(llama_path, plain_samples):
-    llm = LLM(llama_path, speculative_config=mtad(llama_path, acceptance="lossless"),
-              **ENGINE_KWARGS)
+@pytest.mark.parametrize("candidates", ["best", "all"])
+def test_lossless_mode_keeps_the_target_distribution(llama_path, plain_samples, candidates):
+    llm = LLM(llama_path, speculative_config=mtad(llama_path, acceptance="lossless",
+                                                  candidates=candidates), **ENGINE_KWARGS)
     prompt, reference = plain_samples
     speculated, per_pass = tokens_per_pass(llm, lambda: sample_tokens(llm, prompt))
     shutdown(llm)
@@ -357,11 +442,15 @@ def test_lossless_mode_keeps_the_target_distribution(llama_path, plain_samples):
                                         speculated[:, position]) > SIGNIFICANCE
 
 
-def test_joint_mode_shifts_the_distribution(plain_samples, joint_llm):
-    """Control for the test above: the joint rule is not lossless (it keeps the most
-    likely of 4 sampled beams), and the same test sees it."""
+def test_joint_mode_shifts_the_distribution(llama_path, plain_samples):
+    """Control for the test above: the joint rule is not lossless (with candidates='best'
+    it keeps the most likely of 4 sampled beams), and the same test sees it."""
+    llm = LLM(llama_path, speculative_config=mtad(llama_path, candidates="best",
+                                                  draft_top_k=0, draft_top_p=1.0),
+              **ENGINE_KWARGS)
     prompt, reference = plain_samples
-    speculated = sample_tokens(joint_llm, prompt)
+    speculated = sample_tokens(llm, prompt)
+    shutdown(llm)
     pvalues = [same_distribution_pvalue(reference[:, p], speculated[:, p]) for p in (1, 2, 3)]
     assert min(pvalues) < SIGNIFICANCE
 

@@ -57,11 +57,13 @@ def test_scratch_blocks_are_the_pools_last_and_bounded():
     assert trees.trees == list(range(10_000 - 96, 10_000)) and trees.beams == []
     assert scratch_blocks(scratch_config("lookahead"), 10_000, 16).all == []
     # mtad: B - 1 beams of each of max_num_seqs requests, each the root block and 2 more
-    beams = scratch_blocks(scratch_config("mtad", beam_width=4), 10_000, 16)
+    beams = scratch_blocks(scratch_config("mtad", beam_width=4, candidates="best"), 10_000, 16)
     assert beams.beams == list(range(10_000 - 2 * 3 * 3, 10_000)) and beams.trees == []
+    both = scratch_blocks(scratch_config("mtad", beam_width=4), 10_000, 16)  # all beams
+    assert both.trees == trees.trees and both.beams == list(range(10_000 - 96 - 18, 10_000 - 96))
     assert len(scratch_blocks(scratch_config("mtad", max_num_seqs=256), 800, 16).beams) == 100
-    assert scratch_blocks(scratch_config("mtad", auxiliary_runner="transformers"),
-                          800, 16).all == []
+    assert scratch_blocks(scratch_config("mtad", auxiliary_runner="transformers",
+                                         candidates="best"), 800, 16).all == []
 
 
 def _common_metadata(query_lens, seq_lens, block_table):
@@ -234,7 +236,7 @@ def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
 
     scheduler = SimpleNamespace()
     hold_back_blocks(mtad_init)(scheduler)
-    beams = scratch_blocks(scratch_config("mtad", k), num_blocks, block_size).beams
-    assert len(beams) > 0 and scheduler.num_lookahead_tokens == k
+    held = scratch_blocks(scratch_config("mtad", k), num_blocks, block_size)
+    assert held.beams and held.trees and scheduler.num_lookahead_tokens == k
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == \
-        num_blocks - 1 - len(beams)
+        num_blocks - 1 - len(held.all)

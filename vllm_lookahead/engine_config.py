@@ -24,7 +24,12 @@ from typing import Any
 from vllm_lookahead import _patching
 from vllm_lookahead.lookahead.options import REQUEST_KEY_PREFIX, LookaheadOptions, request_overrides
 from vllm_lookahead.methods import METHODS, Method, method_by_model_alias
-from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY, check_num_speculative_tokens, method_config
+from vllm_lookahead.options import (
+    ADDITIONAL_CONFIG_KEY,
+    MAX_SPEC_TOKENS,
+    check_num_speculative_tokens,
+    method_config,
+)
 from vllm_lookahead.vllm_support import SUPPORTED_VLLM, missing_features, vllm_version
 
 logger = logging.getLogger(__name__)
@@ -97,11 +102,17 @@ def rewrite_speculative_config(
     num_tokens = check_num_speculative_tokens(
         spec.get("num_speculative_tokens", method.default_k), method.name
     )
+    scheduled = options.scheduled_tokens(num_tokens)
+    if scheduled > MAX_SPEC_TOKENS:  # mtad with all beams: num_speculative_tokens x beam_width
+        raise ValueError(
+            f"{method.name}: these options schedule {scheduled} draft tokens a request "
+            f"(num_speculative_tokens {num_tokens} × beam_width {options.beam_width}), more "
+            f"than vLLM's {MAX_SPEC_TOKENS}; lower either, or set candidates to 'best'")
     additional_config[ADDITIONAL_CONFIG_KEY] = {"method": method.name, **options.to_dict()}
     rewritten = {
         "method": "custom_class",
         "model": method.proposer,
-        "num_speculative_tokens": num_tokens,
+        "num_speculative_tokens": scheduled,
     }
     return rewritten, additional_config
 

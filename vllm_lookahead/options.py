@@ -45,6 +45,10 @@ class MethodOptions:
 
     METHOD = ""
 
+    def scheduled_tokens(self, num_speculative_tokens: int) -> int:
+        """Draft tokens vLLM schedules a request for, given the user's K."""
+        return num_speculative_tokens
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]

@@ -72,6 +72,15 @@ def is_chain(parents: np.ndarray) -> bool:
     return bool(np.array_equal(parents[1:], np.arange(len(parents) - 1)))
 
 
+def first_chain(parents: np.ndarray) -> np.ndarray:
+    """Parents of the tree's first chain: the root and the nodes each the child of the
+    node before it (what a linear verification of the flat draft can judge)."""
+    length = 1
+    while length < len(parents) and parents[length] == length - 1:
+        length += 1
+    return np.arange(-1, length - 1)
+
+
 def accepted_path(parents: np.ndarray, tokens: list[int], predictions: list[int]
                   ) -> list[int]:
     """Nodes accepted from the root down: at each node, the child whose token the target

@@ -11,6 +11,7 @@ from vllm_lookahead.options import MethodOptions, option_field, options_table
 DEFAULT_SPEC_TOKENS = 4
 ACCEPTANCE_MODES = ("joint", "lossless")
 AUXILIARY_RUNNERS = ("vllm", "transformers")
+CANDIDATES = ("auto", "all", "best")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class MTADOptions(MethodOptions):
         "Auxiliary model (local path or Hugging Face name) with the target's vocabulary; "
         "it drafts by beam sampling.",
     )
-    beam_width: int = option_field(4, 1, "B: beams kept while drafting (the best one is verified).")
+    beam_width: int = option_field(4, 1, "B: beams kept while drafting (verified: the best one, or all; `candidates`).")
     acceptance: str = option_field(
         "joint", None,
         "`joint`: MTAD's rule, the longest draft prefix whose joint ratio P_target/Q_aux "
@@ -44,6 +45,15 @@ class MTADOptions(MethodOptions):
     draft_top_p: float = option_field(
         0.9, 0.0, "Top-p of the auxiliary model's beam sampling.", low_open=True,
     )
+    candidates: str = option_field(
+        "auto", None,
+        "`all`: every distinct beam of a request is verified in the same target pass, as "
+        "one token tree (the paper's multi-candidate MTAD; vLLM then schedules up to "
+        "beam_width × num_speculative_tokens tokens a request). `best`: the best beam "
+        "only, as a linear draft. `auto`: `all` where the target's attention can verify "
+        "trees (CPU_ATTN in this version), else `best`, logged.",
+        choices=CANDIDATES,
+    )
     auxiliary_runner: str = option_field(
         "vllm", None,
         "`vllm`: the auxiliary model runs on vLLM's model code, kernels and paged KV cache "
@@ -52,6 +62,16 @@ class MTADOptions(MethodOptions):
         "logged. `transformers`: always on transformers, first rank only.",
         choices=AUXILIARY_RUNNERS,
     )
+
+
+    def scheduled_tokens(self, draft_length: int) -> int:
+        """Tokens vLLM schedules a request for (its ``num_speculative_tokens``): the
+        draft length γ, times the beams when all of them may be verified."""
+        return draft_length if self.candidates == "best" else draft_length * self.beam_width
+
+    def draft_length(self, scheduled_tokens: int) -> int:
+        """γ from vLLM's ``num_speculative_tokens`` (the inverse of ``scheduled_tokens``)."""
+        return scheduled_tokens if self.candidates == "best" else scheduled_tokens // self.beam_width
 
 
 def mtad_options_table() -> str:

@@ -32,12 +32,14 @@ class VerificationCapture:
 
 class AcceptanceRule(Protocol):
     """Replaces vLLM's decisions: output tokens ``[rows, max_spec_len + 1]``, or None
-    to leave this pass to vLLM (e.g. its warm-up runs)."""
+    to leave this pass to vLLM (e.g. its warm-up runs). ``trees`` (input-batch row ->
+    ``tree_attention.TreeRow``): the rows verified as trees; their output is an
+    accepted root-down path and one more token (the worker then moves its KV)."""
 
     def __call__(self, draft_token_ids: torch.Tensor, num_draft_tokens: list[int],
                  max_spec_len: int, target_logits: torch.Tensor,
-                 bonus_token_ids: torch.Tensor, sampling_metadata: Any
-                 ) -> torch.Tensor | None: ...
+                 bonus_token_ids: torch.Tensor, sampling_metadata: Any,
+                 trees: dict[int, Any]) -> torch.Tensor | None: ...
 
 
 class DrafterHooks(Protocol):

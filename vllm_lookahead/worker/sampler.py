@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_lookahead import _patching
-from vllm_lookahead.tree import accepted_path
+from vllm_lookahead.tree import accepted_path, path_by_tokens
 from vllm_lookahead.worker import tree_attention, tree_step
 from vllm_lookahead.worker.hooks import AcceptanceRule, VerificationCapture, hook
 
@@ -54,20 +54,23 @@ def _hooked_rejection_sample(original):
                                            bonus_token_ids, hook(_observer, "capture_top_k") or 0)
             _observer.on_verification(capture)
         sampling_metadata = args[0] if args else kwargs["sampling_metadata"]
+        step = tree_step.finish_step()  # dummy runs after this must not see its trees
+        trees = step.rows if step is not None else {}
+        output = None
         if _acceptance_rule is not None:
             output = _acceptance_rule(draft_token_ids, list(num_draft_tokens), max_spec_len,
-                                      target_logits, bonus_token_ids, sampling_metadata)
-            if output is not None:
-                return output
-        output = original(
-            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-            draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
-        )
-        step = tree_step.finish_step()  # dummy runs after this must not see its trees
+                                      target_logits, bonus_token_ids, sampling_metadata, trees)
+        if output is None:
+            output = original(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                draft_probs, target_logits, bonus_token_ids, *args, **kwargs,
+            )
+            if step is not None:
+                target_argmax = capture.target_argmax if capture else target_logits.argmax(-1)
+                _verify_trees(step, output, draft_token_ids, list(num_draft_tokens),
+                              target_logits, target_argmax, bonus_token_ids, sampling_metadata)
         if step is not None:
-            target_argmax = capture.target_argmax if capture else target_logits.argmax(-1)
-            _verify_trees(step, output, draft_token_ids, list(num_draft_tokens),
-                          target_logits, target_argmax, bonus_token_ids, sampling_metadata)
+            move_accepted_paths(step, output, draft_token_ids, list(num_draft_tokens))
         return output
 
     return rejection_sample
@@ -98,11 +101,10 @@ def _verify_trees(step: tree_attention.TreeStep, output: torch.Tensor,
     the child whose token the target chose at each node (greedy: its argmax; random:
     a sample of the processed distribution, which is lossless for point-mass drafts
     with distinct sibling tokens), emit those tokens and the target's token at the
-    last node; then move the accepted nodes' KV to the positions after the root."""
+    last node."""
     offsets = np.cumsum([0, *num_draft_tokens])
     temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature
     generators = sampling_metadata.generators
-    moves_from, moves_to = [], []
     for row, tree in step.rows.items():
         begin, end = int(offsets[row]), int(offsets[row + 1])
         if end - begin != len(tree.parents) - 1:
@@ -119,7 +121,19 @@ def _verify_trees(step: tree_attention.TreeStep, output: torch.Tensor,
         emitted = [tokens[node] for node in path] + [predictions[path[-1] if path else 0]]
         output[row].fill_(-1)
         output[row, : len(emitted)] = torch.tensor(emitted, dtype=output.dtype)
-        for depth, node in enumerate(path, start=1):
+
+
+def move_accepted_paths(step: tree_attention.TreeStep, output: torch.Tensor,
+                        draft_token_ids: torch.Tensor, num_draft_tokens: list[int]) -> None:
+    """Move the keys and values of each tree row's accepted path (read off its output
+    tokens: sibling tokens are distinct) to the positions after the root."""
+    offsets = np.cumsum([0, *num_draft_tokens])
+    moves_from, moves_to = [], []
+    for row, tree in step.rows.items():
+        begin = int(offsets[row])
+        tokens = [-1, *draft_token_ids[begin:begin + len(tree.parents) - 1].tolist()]
+        emitted = [token for token in output[row].tolist() if token != -1]
+        for depth, node in enumerate(path_by_tokens(tree.parents, tokens, emitted), start=1):
             if node != depth:
                 moves_from.append(tree.first_token + node)
                 moves_to.append(int(tree.slots[depth]))

@@ -29,17 +29,20 @@ class ScratchBlocks:
 def scratch_blocks(vllm_config: Any, num_blocks: int, block_size: int) -> ScratchBlocks:
     options = method_config(vllm_config)
     max_draft = vllm_config.speculative_config.num_speculative_tokens
+    method = options.get("method")
     trees = beams = 0
-    if options.get("method") == "lookahead" and (options.get("tree_candidates")
-                                                 or options.get("tree_window")):
+    if method == "lookahead" and (options.get("tree_candidates") or options.get("tree_window")):
         trees = tree_attention.scratch_block_count(num_blocks, block_size, max_draft)
-    if options.get("method") == "mtad" and options.get("auxiliary_runner", "vllm") == "vllm":
+    if method == "mtad":
         from vllm_lookahead.mtad.options import MTADOptions
 
-        beam_width = options.get("beam_width", MTADOptions.beam_width)
-        per_beam = 1 + math.ceil(max_draft / block_size)
-        beams = min(vllm_config.scheduler_config.max_num_seqs * (beam_width - 1) * per_beam,
-                    num_blocks // BEAM_SHARE)
+        if options.get("candidates", MTADOptions.candidates) != "best":
+            trees = tree_attention.scratch_block_count(num_blocks, block_size, max_draft)
+        if options.get("auxiliary_runner", MTADOptions.auxiliary_runner) == "vllm":
+            beam_width = options.get("beam_width", MTADOptions.beam_width)
+            per_beam = 1 + math.ceil(max_draft / block_size)
+            beams = min(vllm_config.scheduler_config.max_num_seqs * (beam_width - 1)
+                        * per_beam, num_blocks // BEAM_SHARE)
     first = num_blocks - trees - beams
     return ScratchBlocks(trees=list(range(first + beams, num_blocks)),
                          beams=list(range(first, first + beams)))

@@ -52,10 +52,10 @@ def place_tree_nodes(runner: Any, source: DrafterHooks) -> None:
         global _step
         nonlocal builders_wrapped
         result = original(scheduler_output, num_scheduled_tokens, *args, **kwargs)
-        if not builders_wrapped:
+        _step = _trees_of_step(runner, source, scheduler_output)
+        if _step is not None and not builders_wrapped:
             _wrap_metadata_builders(runner)
             builders_wrapped = True
-        _step = _trees_of_step(runner, source, scheduler_output)
         return result
 
     runner._prepare_inputs = _prepare_inputs
@@ -156,12 +156,25 @@ def _branch_aware_build(original):
 
 
 def check_tree_attention(runner: Any) -> None:
-    """Raise unless every attention layer of the target can take trees here: a tested
+    """Raise unless every attention layer of the target can take trees here."""
+    problems = tree_attention_problems(runner)
+    if problems:
+        raise ValueError(
+            "lookahead: tree_candidates and tree_window need tree attention, which this "
+            f"model cannot take here: {'; '.join(problems)}. Set both to 0 (linear "
+            "drafts) for this model.")
+
+
+def tree_attention_problems(runner: Any) -> list[str]:
+    """Why the target's attention cannot take trees here (empty if it can): a tested
     backend, decoder self-attention without sliding window, ALiBi, soft-capping or
     sinks, an unquantized KV cache and plain (not multimodal) rotary positions."""
     from vllm.model_executor.layers.attention import Attention
 
     problems = set()
+    groups = getattr(runner, "attn_groups", None)  # known once the KV cache exists
+    if groups and len(groups) != 1:
+        problems.add(f"{len(groups)} KV cache groups")
     if getattr(runner, "uses_mrope", False):
         problems.add("multimodal rotary positions (M-RoPE)")
     for module in runner.model.modules():
@@ -181,8 +194,4 @@ def check_tree_attention(runner: Any) -> None:
             problems.add(f"kv_cache_dtype {impl.kv_cache_dtype!r}")
         if getattr(module, "kv_cache_update_bypass", False):  # vLLM 0.33: no K/V to write
             problems.add("attention without its own key/value (kv_cache_update_bypass)")
-    if problems:
-        raise ValueError(
-            "lookahead: tree_candidates and tree_window need tree attention, which this "
-            f"model cannot take here: {'; '.join(sorted(problems))}. Set both to 0 (linear "
-            "drafts) for this model.")
+    return sorted(problems)
