@@ -59,11 +59,11 @@ def test_scratch_blocks_are_the_pools_last_and_bounded():
     # mtad: B - 1 beams of each of max_num_seqs requests, each the root block and 2 more
     beams = scratch_blocks(scratch_config("mtad", beam_width=4, candidates="best"), 10_000, 16)
     assert beams.beams == list(range(10_000 - 2 * 3 * 3, 10_000)) and beams.trees == []
-    both = scratch_blocks(scratch_config("mtad", beam_width=4), 10_000, 16)  # all beams
+    both = scratch_blocks(scratch_config("mtad", beam_width=4, candidates="all"), 10_000, 16)
     assert both.trees == trees.trees and both.beams == list(range(10_000 - 96 - 18, 10_000 - 96))
     assert len(scratch_blocks(scratch_config("mtad", max_num_seqs=256), 800, 16).beams) == 100
-    assert scratch_blocks(scratch_config("mtad", auxiliary_runner="transformers",
-                                         candidates="best"), 800, 16).all == []
+    assert scratch_blocks(scratch_config("mtad", auxiliary_runner="transformers"),
+                          800, 16).all == []
 
 
 def _common_metadata(query_lens, seq_lens, block_table):
@@ -232,11 +232,11 @@ def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
     # mtad: beam blocks held back, lookahead slots for the auxiliary model's draft
     def mtad_init(self):
         scheduler_init(self, 0)
-        self.vllm_config = scratch_config("mtad", k)
+        self.vllm_config = scratch_config("mtad", k, candidates="auto")
 
     scheduler = SimpleNamespace()
     hold_back_blocks(mtad_init)(scheduler)
-    held = scratch_blocks(scratch_config("mtad", k), num_blocks, block_size)
+    held = scratch_blocks(scratch_config("mtad", k, candidates="auto"), num_blocks, block_size)
     assert held.beams and held.trees and scheduler.num_lookahead_tokens == k
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == \
         num_blocks - 1 - len(held.all)

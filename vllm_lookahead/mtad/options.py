@@ -46,12 +46,13 @@ class MTADOptions(MethodOptions):
         0.9, 0.0, "Top-p of the auxiliary model's beam sampling.", low_open=True,
     )
     candidates: str = option_field(
-        "auto", None,
+        "best", None,
         "`all`: every distinct beam of a request is verified in the same target pass, as "
         "one token tree (the paper's multi-candidate MTAD; vLLM then schedules up to "
         "beam_width × num_speculative_tokens tokens a request). `best`: the best beam "
-        "only, as a linear draft. `auto`: `all` where the target's attention can verify "
-        "trees (CPU_ATTN in this version), else `best`, logged.",
+        "only, as a linear draft (the default: on 2 CPU cores `all` won on MT-Bench and "
+        "lost on HumanEval, benchmarks/README.md run (w)). `auto`: `all` where the target's "
+        "attention can verify trees (CPU_ATTN in this version), else `best`, logged.",
         choices=CANDIDATES,
     )
     auxiliary_runner: str = option_field(
