@@ -29,9 +29,10 @@ class MTADOptions(MethodOptions):
     acceptance: str = option_field(
         "joint", None,
         "`joint`: MTAD's rule, the longest draft prefix whose joint ratio P_target/Q_aux "
-        "exceeds `acceptance_threshold`, then one token sampled from the target (not "
-        "lossless: it favours likely sequences). `lossless`: vLLM's rejection sampler "
-        "(the target's distribution exactly).",
+        "exceeds `acceptance_threshold` (over every path of a tree), then one token sampled "
+        "from the target (not lossless: it favours likely sequences). `lossless`: the "
+        "target's distribution exactly (vLLM's rejection sampler; a tree is walked by the "
+        "target's own samples).",
         choices=ACCEPTANCE_MODES,
     )
     acceptance_threshold: float = option_field(
@@ -51,7 +52,7 @@ class MTADOptions(MethodOptions):
         "one token tree (the paper's multi-candidate MTAD; vLLM then schedules up to "
         "beam_width × num_speculative_tokens tokens a request). `best`: the best beam "
         "only, as a linear draft (the default: on 2 CPU cores `all` won on MT-Bench and "
-        "lost on HumanEval, benchmarks/README.md run (w)). `auto`: `all` where the target's "
+        "lost on HumanEval, benchmarks/README.md run (z)). `auto`: `all` where the target's "
         "attention can verify trees (CPU_ATTN in this version), else `best`, logged.",
         choices=CANDIDATES,
     )
