@@ -25,9 +25,10 @@ def hold_back_blocks(original):
     ``draft_model``)."""
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        if not method_config(self.vllm_config):
+        method = method_config(self.vllm_config).get("method")
+        if method is None:
             return
-        if method_config(self.vllm_config).get("method") == "mtad":
+        if method == "mtad":
             self.num_lookahead_tokens = max(
                 self.num_lookahead_tokens,
                 self.vllm_config.speculative_config.num_speculative_tokens)
