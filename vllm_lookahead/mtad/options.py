@@ -65,7 +65,6 @@ class MTADOptions(MethodOptions):
         choices=AUXILIARY_RUNNERS,
     )
 
-
     def scheduled_tokens(self, draft_length: int) -> int:
         """Tokens vLLM schedules a request for (its ``num_speculative_tokens``): the
         draft length γ, times the beams when all of them may be verified."""

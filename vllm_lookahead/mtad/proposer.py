@@ -90,7 +90,8 @@ class MTADProposer:
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         runner_state.check_bound(self._runner)
-        self._check_trees()
+        if self._trees_on is None and not self._trees_possible():
+            self._trees_on = False
         opts = self.options
         beam_sampler = BeamSampler(opts.beam_width, opts.draft_temperature, opts.draft_top_k,
                                    opts.draft_top_p, self._seed,
@@ -129,21 +130,19 @@ class MTADProposer:
                     "MTAD drafts on the first rank)")
         return None
 
-    def _check_trees(self) -> None:
-        """Decide whether beams are verified as trees: at load time (the target's
+    def _trees_possible(self) -> bool:
+        """Whether beams can be verified as trees; asked at load time (the target's
         attention is known) and again at the first draft (its KV cache groups are)."""
-        if self._trees_on is False:
-            return
         problems = tree_step.tree_attention_problems(self._runner)
         if not problems:
-            return
+            return True
         if self.options.candidates == "all":
             raise ValueError(
                 "mtad: candidates='all' verifies all beams as a token tree, which this model "
                 f"cannot take here: {'; '.join(problems)}. Set candidates to 'best' or 'auto'.")
         logger.warning("vllm-lookahead mtad: candidates='auto' verifies the best beam only: "
                        "%s", "; ".join(problems))
-        self._trees_on = False
+        return False
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         for req_id in finished | preempted:
@@ -181,8 +180,7 @@ class MTADProposer:
     ) -> list[list[int]]:
         start = time.perf_counter()
         if self._trees_on is None:
-            self._check_trees()
-            self._trees_on = self._trees_on is None
+            self._trees_on = self._trees_possible()
         req_ids = runner_state.request_ids(self._runner)
         jobs = []  # (row, request id, context length, draft length)
         for row, sampled in enumerate(sampled_token_ids):

@@ -4,7 +4,6 @@ from the same numbers: the pool's last blocks, beams' before trees'."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +39,9 @@ def scratch_blocks(vllm_config: Any, num_blocks: int, block_size: int) -> Scratc
             trees = tree_attention.scratch_block_count(num_blocks, block_size, max_draft)
         if options.get("auxiliary_runner", MTADOptions.auxiliary_runner) == "vllm":
             beam_width = options.get("beam_width", MTADOptions.beam_width)
-            per_beam = 1 + math.ceil(max_draft / block_size)
             beams = min(vllm_config.scheduler_config.max_num_seqs * (beam_width - 1)
-                        * per_beam, num_blocks // BEAM_SHARE)
+                        * tree_attention.blocks_per_branch(block_size, max_draft),
+                        num_blocks // BEAM_SHARE)
     first = num_blocks - trees - beams
     return ScratchBlocks(trees=list(range(first + beams, num_blocks)),
                          beams=list(range(first, first + beams)))

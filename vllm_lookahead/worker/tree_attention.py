@@ -41,12 +41,16 @@ from vllm_lookahead.tree import depths_of
 MAX_STEP_BRANCHES = 32
 
 
+def blocks_per_branch(block_size: int, max_draft: int) -> int:
+    """Blocks a branch (or an MTAD beam) can span: the root's block and at most
+    ``ceil(K / block_size)`` more."""
+    return 1 + math.ceil(max_draft / block_size)
+
+
 def scratch_block_count(num_blocks: int, block_size: int, max_draft: int) -> int:
-    """Blocks held back from vLLM's pool for branches: a branch spans the root's block
-    and at most ``ceil(K / block_size)`` more. Never more than an eighth of the pool.
-    (``scratch.py`` places them.)"""
-    per_branch = 1 + math.ceil(max_draft / block_size)
-    return min(MAX_STEP_BRANCHES * per_branch, num_blocks // 8)
+    """Blocks held back from vLLM's pool for branches, never more than an eighth of the
+    pool (``scratch.py`` places them)."""
+    return min(MAX_STEP_BRANCHES * blocks_per_branch(block_size, max_draft), num_blocks // 8)
 
 
 @dataclass
