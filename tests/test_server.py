@@ -192,7 +192,7 @@ def test_lookahead_metrics_move(servers):
     before = {name: lookahead.metric(name) for name in counters}
     observed, stop = threading.Event(), threading.Event()
 
-    def watch():  # snapshots are at most a second old; the batch below runs for seconds
+    def watch():  # snapshots are at most a second old
         while not stop.is_set():
             if (lookahead.metric("vllm:lookahead_active_requests") > 0
                     and lookahead.metric("vllm:lookahead_pool_ngrams") > 0):
@@ -204,13 +204,14 @@ def test_lookahead_metrics_move(servers):
     watcher.start()
     model = lookahead.client.models.list().data[0].id
     prompts = make_prompts(8, seed=5)  # up to 300 tokens; + 700 fits max_model_len
+    # A batch lasts ~1.3 s on 2 cores, barely past the snapshot interval, so one batch
+    # may give the watcher no snapshot to see: batches go on until it has seen one.
+    deadline = time.monotonic() + 60
     with ThreadPoolExecutor(len(prompts)) as pool:
-        for _ in range(3):
+        while not observed.is_set() and time.monotonic() < deadline:
             list(pool.map(lambda prompt: lookahead.client.completions.create(
                 model=model, prompt=prompt, max_tokens=700, temperature=0,
                 extra_body={"ignore_eos": True}), prompts))
-            if observed.is_set():
-                break
     stop.set()
     watcher.join()
     assert observed.is_set(), "never saw the running request in the proposer gauges"
