@@ -10,11 +10,13 @@
 # Steps (default: all, in this order; each one fits a 10-minute device command):
 #   env      install this package next to the kit's vLLM; record GPU, versions, commit
 #   greedy   pytest on the tiny models: greedy exactness in float32 (asserted), sampling
-#            distribution, then the greedy tests again in bfloat16 (informational: a
-#            k-token verification pass and k one-token passes need not round alike)
+#            distribution
+#   greedy-bf16  the greedy tests again in bfloat16 (informational: a k-token verification
+#            pass and k one-token passes need not round alike)
 #   server   pytest: the OpenAI-server tests and the plugin under Ray
 #   latency  harness, real model in bf16 with CUDA graphs (as users run it): none / ngram /
-#            lookahead, HumanEval and MT-Bench subsets, batch 1
+#            suffix / lookahead (METHODS overrides; suffix is recorded as unavailable without
+#            arctic-inference), HumanEval and MT-Bench subsets, batch 1
 #   load     the same through the OpenAI server at concurrency 16
 #   batch64  offline, 64 HumanEval prompts at once: throughput and the proposer's share of
 #            the step at batch 64 (batch 1's share is in the latency table)
@@ -34,12 +36,12 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift ;;
     --model) model=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
-    env|greedy|server|latency|load|batch64) steps+=("$1") ;;
-    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env greedy server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+    env|greedy|greedy-bf16|server|latency|load|batch64) steps+=("$1") ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env greedy greedy-bf16 server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#steps[@]} -gt 0 ] || steps=(env greedy server latency load batch64)
+[ ${#steps[@]} -gt 0 ] || steps=(env greedy greedy-bf16 server latency load batch64)
 
 if [ $dry_run = 1 ]; then
   [ -n "${PYTHON:-}" ] || bash scripts/setup.sh >/dev/null
@@ -60,6 +62,7 @@ mkdir -p "$results"
 summary=$results/summary.md
 [ -f "$summary" ] || printf '# GPU validation\n\n| step | command | exit | seconds |\n|---|---|---|---|\n' >"$summary"
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
+methods=${METHODS:-none,ngram,suffix,lookahead}
 failed=0
 
 # run STEP ASSERTED COMMAND...: runs it, logs to DIR/STEP.log, records the outcome.
@@ -83,11 +86,11 @@ print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
 EOF
 }
 
-harness() {  # harness STEP MODE [extra run.py arguments]
-  local step=$1 mode=$2; shift 2
-  run "$step" yes "$python" -m benchmarks.run --model "$model" --methods none,ngram,lookahead \
+harness() {  # harness STEP MODE ENGINE_ARGS_JSON [extra run.py arguments]
+  local step=$1 mode=$2 step_engine_args=$3; shift 3
+  run "$step" yes "$python" -m benchmarks.run --model "$model" --methods "$methods" \
     --dtype bfloat16 --max-tokens "$tokens" --kv-cache-memory-bytes "$kv_bytes" \
-    --engine-args "$engine_args" --mode "$mode" --output-dir "$results" "$@"
+    --engine-args "$step_engine_args" --mode "$mode" --output-dir "$results" "$@"
 }
 
 for step in "${steps[@]}"; do
@@ -106,6 +109,8 @@ for step in "${steps[@]}"; do
     greedy)
       run greedy-fp32 yes "$python" -m pytest -q -k "not tree" --junitxml "$results/greedy-fp32.xml" \
         tests/test_greedy_exact.py tests/test_greedy_qwen2.py tests/test_sampling.py
+      ;;
+    greedy-bf16)
       LOOKAHEAD_TEST_DTYPE=bfloat16 run greedy-bf16 no "$python" -m pytest -q -k "not tree" \
         --junitxml "$results/greedy-bf16.xml" tests/test_greedy_exact.py tests/test_greedy_qwen2.py
       ;;
@@ -114,15 +119,15 @@ for step in "${steps[@]}"; do
         tests/test_server.py tests/test_ray.py
       ;;
     latency)
-      harness latency latency --datasets humaneval,mt_bench --num-prompts "$prompts"
+      harness latency latency "$engine_args" --datasets humaneval,mt_bench --num-prompts "$prompts"
       ;;
     load)
-      harness load server --datasets humaneval --num-prompts $((2 * concurrency)) \
+      harness load server "$engine_args" --datasets humaneval --num-prompts $((2 * concurrency)) \
         --concurrency "$concurrency"
       ;;
     batch64)
-      harness batch64 throughput --datasets humaneval --num-prompts "$batch" \
-        --engine-args "$(sed "s/}$/, \"max_num_seqs\": $batch}/" <<<"$engine_args")"
+      harness batch64 throughput "${engine_args%\}}, \"max_num_seqs\": $batch}" \
+        --datasets humaneval --num-prompts "$batch"
       ;;
   esac
 done
