@@ -22,12 +22,26 @@ HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. "
     "Return the whole function in a ```python code block.\n\n```python\n{prompt}```"
 )
+#: Copy-heavy code edits, as users ask coding assistants for them: a whole function and
+#: a small change to make, answered with the whole function again, so most of the
+#: answer repeats the prompt. Built from HumanEval's reference solutions, from the last
+#: task backwards (the humaneval set takes the first ones); (category, instruction).
+CODE_EDIT_INSTRUCTIONS = (
+    ("rename", "Rename the function's parameters to longer, more descriptive names."),
+    ("type_hints", "Add type hints to every local variable you can."),
+    ("comments", "Add a short comment above each statement of the body."),
+    ("logging", "Log the arguments with the logging module when the function is called."),
+)
+CODE_EDIT_PROMPT = (
+    "Here is a Python function:\n\n```python\n{code}```\n\n{instruction} Keep everything "
+    "else unchanged, and return the whole modified function in a ```python code block."
+)
 #: Spec-Bench labels its MT-Bench part with MT-Bench's eight categories.
 MT_BENCH_CATEGORIES = (
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
 )
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-DATASETS = ("humaneval", "mt_bench", "spec_bench")
+DATASETS = ("humaneval", "mt_bench", "spec_bench", "code_edit")
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,8 @@ WARMUP_TOKENS = 16
 
 def load(dataset: str, count: int) -> list[Sample]:
     """`count` samples of `dataset`; for spec_bench, `count` per category."""
-    loaders = {"humaneval": _humaneval, "mt_bench": _mt_bench, "spec_bench": _spec_bench}
+    loaders = {"humaneval": _humaneval, "mt_bench": _mt_bench, "spec_bench": _spec_bench,
+               "code_edit": _code_edit}
     if dataset not in loaders:
         raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
     return loaders[dataset](count)
@@ -57,6 +72,18 @@ def _humaneval(count: int) -> list[Sample]:
         rows = [json.loads(line) for line in itertools.islice(f, count)]
     return [Sample(row["task_id"], "humaneval", "humaneval",
                    (HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"]),)) for row in rows]
+
+
+def _code_edit(count: int) -> list[Sample]:
+    with gzip.open(DATA_DIR / "HumanEval.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f][::-1][:count]
+    samples = []
+    for index, row in enumerate(rows):
+        category, instruction = CODE_EDIT_INSTRUCTIONS[index % len(CODE_EDIT_INSTRUCTIONS)]
+        code = row["prompt"] + row["canonical_solution"]
+        samples.append(Sample(f"code_edit/{row['task_id']}", "code_edit", category, (
+            CODE_EDIT_PROMPT.format(code=code, instruction=instruction),)))
+    return samples
 
 
 def _mt_bench(count: int) -> list[Sample]:

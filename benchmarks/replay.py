@@ -8,9 +8,15 @@ predictions at rejected positions (lookahead's Jacobi harvest is absent here, so
 replayed lookahead S is a lower bound). This makes proposer variants cheap to
 compare; end-to-end speed still comes from benchmarks.run.
 
+With ``--step-cost FIXED_MS,TOKEN_MS`` every decode pass takes a simulated
+FIXED + TOKEN x (scheduled tokens) milliseconds: lookahead's cost-aware cut times the
+passes on that clock (deterministically, unlike a real machine), and the table adds
+the simulated decode tokens/s. Several ``--step-cost`` give one table each.
+
     python -m benchmarks.replay record --model smollm2-135m --num-prompts 20 -o trace.json
     python -m benchmarks.replay run trace.json --methods ngram,suffix,lookahead \
         --method-config lookahead-n5='{"method": "lookahead", "ngram_size": 5}'
+    python -m benchmarks.replay run trace.json --step-cost 30,1.1 --step-cost 30,7.5
 
 `run` prints the table; with ``--name`` it also writes it, with the command and commit, to
 the run folder benchmarks/results/<date>-<name>/ (results.md, command.txt).
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,8 +47,49 @@ class Request:
     output: list[int]
 
 
-def record(model: str, datasets: list[str], num_prompts: int, max_tokens: int) -> list[dict]:
-    """Plain greedy generations of the benchmark prompts (all turns), in request order."""
+@dataclass(frozen=True)
+class StepCost:
+    """A simulated decode pass: ``fixed`` + ``per_token`` x scheduled tokens, seconds."""
+
+    fixed: float
+    per_token: float
+
+    @classmethod
+    def parse(cls, text: str) -> "StepCost":
+        """``FIXED_MS,TOKEN_MS``, e.g. ``30,1.1``."""
+        try:
+            fixed_ms, token_ms = (float(item) for item in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--step-cost expects FIXED_MS,TOKEN_MS (e.g. 30,1.1), got {text!r}") from None
+        if fixed_ms < 0 or token_ms <= 0:
+            raise argparse.ArgumentTypeError(
+                f"--step-cost: FIXED_MS must be >= 0 and TOKEN_MS > 0, got {text!r}")
+        return cls(fixed_ms / 1e3, token_ms / 1e3)
+
+    def __call__(self, num_tokens: int) -> float:
+        return self.fixed + self.per_token * num_tokens
+
+    @property
+    def label(self) -> str:
+        return (f"{self.fixed * 1e3:g} ms + {self.per_token * 1e3:g} ms/token "
+                f"({self.fixed / self.per_token:.0f} free tokens)")
+
+
+class SimulatedClock:
+    """The time a replayed proposer reads, moved by the replay loop."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record(model: str, datasets: list[str], num_prompts: int, max_tokens: int,
+           categories: list[str] | None = None) -> list[dict]:
+    """Plain greedy generations of the benchmark prompts (all turns), in request order;
+    with ``categories``, only the samples of those categories."""
     from vllm import LLM, SamplingParams
 
     from benchmarks import datasets as prompt_sets
@@ -55,6 +103,8 @@ def record(model: str, datasets: list[str], num_prompts: int, max_tokens: int) -
     trace = []
     for dataset in datasets:
         samples = prompt_sets.load(dataset, num_prompts)
+        if categories:
+            samples = [s for s in samples if s.category in categories]
         answers: list[list[list[int]]] = [[] for _ in samples]
         while True:  # one turn of every conversation per batch
             pending = [(i, prompter.prompt(s, answers[i])) for i, s in enumerate(samples)]
@@ -92,6 +142,12 @@ class Replayer:
     def propose(self, request_id: str, sampled: list[int]) -> list[int]:
         raise NotImplementedError
 
+    def use_clock(self, clock: SimulatedClock) -> None:
+        """Time passes on ``clock`` (a proposer without a cost model ignores it)."""
+
+    def before_pass(self, num_tokens: int) -> None:
+        """A decode pass of ``num_tokens`` scheduled tokens starts (simulated clock)."""
+
     def finish(self, request_id: str) -> None:
         pass
 
@@ -125,6 +181,12 @@ class LookaheadReplayer(Replayer):
 
     def propose(self, request_id, sampled):
         return self.proposer.propose([sampled], self.num_tokens, self.tokens)[0]
+
+    def use_clock(self, clock):
+        self.proposer.clock = clock
+
+    def before_pass(self, num_tokens):
+        self.proposer.on_step_start(num_tokens, decode_only=True)
 
     def finish(self, request_id):
         del self.runner.requests[request_id]
@@ -183,26 +245,35 @@ class SuffixReplayer(Replayer):
 REPLAYERS = {"lookahead": LookaheadReplayer, "ngram": NgramReplayer, "suffix": SuffixReplayer}
 
 
-def replay(make_replayer, trace: list[Request]) -> list[tuple[int, int, int]]:
-    """(generated tokens, forward passes, draft tokens verified) per request.
+def replay(make_replayer: Callable[[], Replayer], trace: list[Request],
+           step_cost: StepCost | None = None) -> list[tuple[int, int, int, float]]:
+    """(generated tokens, forward passes, draft tokens verified, simulated decode
+    seconds) per request; the seconds are 0 without ``step_cost``.
 
     Each dataset gets a fresh proposer, as each gets a fresh engine in benchmarks.run
     (Spec-Bench repeats MT-Bench's questions: a shared memory would see the answers).
-    The prefill pass counts as one forward pass (it yields the first token).
+    The prefill pass counts as one forward pass (it yields the first token), not as
+    decode time.
     """
     results = []
-    replayer, dataset = None, None
+    replayer, dataset, clock = None, None, SimulatedClock()
     for index, request in enumerate(trace):
         if request.dataset != dataset:
             replayer, dataset = make_replayer(), request.dataset
+            if step_cost is not None:
+                replayer.use_clock(clock)
         request_id = f"replay-{index}"
         replayer.start(request_id, request.prompt)
         output, done, passes, drafted = request.output, 1, 1, 0
         replayer.append(output[:1])
         sampled = output[:1]
+        started = clock.now
         while done < len(output):
             draft = replayer.propose(request_id, sampled)[: replayer.k]
             drafted += len(draft)
+            if step_cost is not None:
+                replayer.before_pass(1 + len(draft))
+                clock.now += step_cost(1 + len(draft))
             accepted = 0
             while accepted < len(draft) and done + accepted < len(output) \
                     and draft[accepted] == output[done + accepted]:
@@ -212,18 +283,24 @@ def replay(make_replayer, trace: list[Request]) -> list[tuple[int, int, int]]:
             done += len(sampled)
             passes += 1
         replayer.finish(request_id)
-        results.append((len(output), passes, drafted))
+        results.append((len(output), passes, drafted, clock.now - started))
     return results
 
 
-def summarize(trace: list[Request], results: list[tuple[int, int, int]]) -> dict[str, str]:
-    """'S (draft tokens per pass)' for all requests, per dataset and per category."""
-    totals: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(3, dtype=np.int64))
+def summarize(trace: list[Request], results: list[tuple[int, int, int, float]]
+              ) -> dict[str, str]:
+    """'S (draft tokens per pass)' for all requests, per dataset and per category, and
+    the simulated decode tokens/s where passes were timed."""
+    totals: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(5))
     for request, counts in zip(trace, results):
         for key in ("all", request.dataset, f"{request.dataset}/{request.category}"):
-            totals[key] += counts
-    return {key: f"{tokens / passes:.3f} ({drafted / passes:.1f})"
-            for key, (tokens, passes, drafted) in sorted(totals.items())}
+            totals[key] += (*counts, 1)
+    cells = {}
+    for key, (tokens, passes, drafted, seconds, requests) in sorted(totals.items()):
+        cells[key] = f"{tokens / passes:.3f} ({drafted / passes:.1f})"
+        if seconds:  # each request's first token comes from its prefill pass
+            cells[key] += f" {(tokens - requests) / seconds:.1f}/s"
+    return cells
 
 
 def main() -> None:
@@ -236,29 +313,40 @@ def main() -> None:
     rec.add_argument("--datasets", default="humaneval,mt_bench,spec_bench")
     rec.add_argument("--num-prompts", type=int, default=20)
     rec.add_argument("--max-tokens", type=int, default=256)
+    rec.add_argument("--categories", default="",
+                     help="comma list: record only the samples of these categories")
     rec.add_argument("-o", "--output", required=True)
     run = sub.add_parser("run")
     run.add_argument("trace")
     run.add_argument("--methods", default="ngram,suffix,lookahead")
     run.add_argument("--method-config", action="append", default=[],
                      help="NAME=JSON: a variant (with 'method') or overrides of NAME")
+    run.add_argument("--step-cost", action="append", type=StepCost.parse, default=[],
+                     metavar="FIXED_MS,TOKEN_MS",
+                     help="simulated decode pass time (repeatable: one table each)")
     add_arguments(run, None)
     args = parser.parse_args()
 
     if args.command == "record":
-        trace = record(args.model, args.datasets.split(","), args.num_prompts, args.max_tokens)
+        trace = record(args.model, args.datasets.split(","), args.num_prompts, args.max_tokens,
+                       [c for c in args.categories.split(",") if c])
         Path(args.output).write_text(json.dumps(trace))
         return
     trace = [Request(**row) for row in json.loads(Path(args.trace).read_text())]
     methods = with_overrides(DEFAULT_METHODS, args.method_config)
     names = args.methods.split(",") + [c.partition("=")[0] for c in args.method_config]
     specs = {name: methods[name].config for name in dict.fromkeys(names)}
-    rows = {name: summarize(trace, replay(lambda: REPLAYERS[spec["method"]](spec), trace))
-            for name, spec in specs.items()}
-    keys = list(next(iter(rows.values())))
-    table = ["| S (draft tokens per pass) | " + " | ".join(rows) + " |",
-             "|---|" + "---|" * len(rows)]
-    table += [f"| {key} | " + " | ".join(rows[n][key] for n in rows) + " |" for key in keys]
+    table = []
+    for step_cost in args.step_cost or [None]:
+        rows = {name: summarize(trace, replay(lambda: REPLAYERS[spec["method"]](spec), trace,
+                                              step_cost))
+                for name, spec in specs.items()}
+        keys = list(next(iter(rows.values())))
+        title = "S (draft tokens per pass)" + (
+            f" decode tokens/s at {step_cost.label}" if step_cost else "")
+        table += [f"| {title} | " + " | ".join(rows) + " |", "|---|" + "---|" * len(rows)]
+        table += [f"| {key} | " + " | ".join(rows[n][key] for n in rows) + " |" for key in keys]
+        table.append("")
     print("\n".join(table))
     if args.name:
         from benchmarks.machine import git_state
@@ -272,7 +360,7 @@ def main() -> None:
                   f"* Repository: commit {git['commit']}{dirty}",
                   "* Methods: " + "; ".join(f"**{n}** `{json.dumps(c)}`" for n, c in specs.items()),
                   "", __doc__.split("\n\n")[1].replace("\n", " "), ""]
-        (folder / "results.md").write_text("\n".join(header + table) + "\n")
+        (folder / "results.md").write_text("\n".join(header + table))
         print(f"results: {folder}/")
 
 

@@ -43,6 +43,15 @@ def test_humaneval_is_instruct_style_and_deterministic():
     assert "def has_close_elements" in first[0].turns[0]
 
 
+def test_code_edit_hands_over_a_whole_function_to_change():
+    samples = datasets.load("code_edit", 5)
+    assert samples[0].id == "code_edit/HumanEval/163"  # from the last task backwards
+    assert [s.category for s in samples] == ["rename", "type_hints", "comments", "logging",
+                                             "rename"]
+    assert "def generate_integers(a, b):" in samples[0].turns[0]
+    assert "return [i for i in range(lower, upper+1)" in samples[0].turns[0]  # the body too
+
+
 def test_unknown_dataset_is_an_error():
     with pytest.raises(ValueError, match="unknown dataset"):
         datasets.load("gsm8k", 1)
@@ -442,10 +451,21 @@ def test_replay_gives_each_dataset_a_fresh_proposer(second_dataset, second_helpe
     answer = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]
     trace = [Request("a", "c", [1, 2, 3], answer), Request(second_dataset, "c", [1, 2, 3], answer)]
     results = replay(lambda: LookaheadReplayer({"method": "lookahead"}), trace)
-    (tokens, passes, _), (tokens_2, passes_2, drafted_2) = results
+    (tokens, passes, _, _), (tokens_2, passes_2, drafted_2, _) = results
     assert tokens == tokens_2 == len(answer) and passes == len(answer)  # nothing to copy
     # within one dataset the first answer is in the corpus and the second one copies it
     assert (passes_2 < passes) == second_helped and (drafted_2 > 0) == second_helped
+
+
+def test_replay_step_cost_option_names_its_format():
+    import argparse
+
+    from benchmarks.replay import StepCost
+
+    assert StepCost.parse("30,1.1")(10) == pytest.approx(0.041)
+    for bad in ("30", "a,b", "30,0", "-1,2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--step-cost"):
+            StepCost.parse(bad)
 
 
 def test_replay_run_writes_its_table_into_a_run_folder(tmp_path, monkeypatch, capsys):

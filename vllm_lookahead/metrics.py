@@ -23,6 +23,7 @@ import atexit
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -46,6 +47,8 @@ COUNTERS = [
     ("vllm:lookahead_drafts", "drafts", "Non-empty drafts proposed."),
     ("vllm:lookahead_cut_draft_tokens", "cut_tokens",
      "Draft tokens dropped because the step's compute could not afford them."),
+    ("vllm:lookahead_cut_draft_tokens_matched", "cut_tokens_confirmed",
+     "Cut draft tokens that the generated text then matched (acceptance the cut gave up)."),
     ("vllm:lookahead_tree_nodes", "tree_nodes",
      "Tree nodes verified beside the main drafts (tree candidates and Jacobi window)."),
     ("vllm:lookahead_tree_accepted_tokens", "tree_accepted",
@@ -71,6 +74,12 @@ GAUGES = [
      "N-grams held in the pools of active requests."),
     ("vllm:lookahead_corpus_size_tokens", "corpus_size",
      "Tokens held in the cross-request response corpus."),
+    ("vllm:lookahead_step_fixed_seconds", "step_fixed_seconds",
+     "Cost-aware cut: fitted seconds of a decode pass that do not depend on its tokens."),
+    ("vllm:lookahead_step_token_seconds", "step_token_seconds",
+     "Cost-aware cut: fitted seconds each scheduled token adds to a decode pass."),
+    ("vllm:lookahead_free_tokens", "free_tokens",
+     "Cost-aware cut: the fixed over the per-token cost, in tokens (+Inf: nothing is cut)."),
 ]
 
 
@@ -83,6 +92,7 @@ class ProposerStats:
     drafts: int = 0
     draft_tokens: int = 0
     cut_tokens: int = 0  # draft tokens dropped because the step could not afford them
+    cut_tokens_confirmed: int = 0  # ... that the generated text then matched
     suffix_tokens: int = 0
     corpus_tokens: int = 0
     pool_tokens: int = 0
@@ -97,6 +107,10 @@ class ProposerStats:
     active_requests: int = 0
     pool_ngrams: int = 0  # held by active requests' pools
     corpus_size: int = 0  # tokens held by the response corpus
+    # the cost-aware cut's step cost fit (nan: none yet) and free tokens (inf: no cut)
+    step_fixed_seconds: float = math.nan
+    step_token_seconds: float = math.nan
+    free_tokens: float = math.inf
 
 
 def install() -> None:

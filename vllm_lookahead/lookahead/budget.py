@@ -21,6 +21,8 @@ MIN_SAMPLES = 32
 WINDOW = 512
 #: Passes between two fits.
 REFIT_INTERVAL = 16
+#: The quantile of a token count's pass times that the fit uses (the quiet passes).
+QUIET_QUANTILE = 0.25
 #: Pseudo-verifications behind each acceptance-by-depth estimate.
 PRIOR_WEIGHT = 2.0
 #: Per-step decay of the worker-wide acceptance and tree-yield counts (about the last
@@ -35,14 +37,17 @@ PRIOR_TREE_NODES = 20.0
 
 
 class StepCostModel:
-    """Least-squares fit of a forward pass's seconds against its scheduled tokens."""
+    """Fit of a forward pass's seconds against its scheduled tokens, robust to passes
+    that something else on the machine slowed down."""
 
     def __init__(self, window: int = WINDOW):
         self._tokens = np.zeros(window)
         self._seconds = np.zeros(window)
         self._count = 0
-        self._fit = math.inf
         self._fitted_at = 0
+        #: the last fit, t = fixed_seconds + token_seconds * n (nan: no usable fit)
+        self.fixed_seconds = math.nan
+        self.token_seconds = math.nan
 
     def add(self, num_tokens: int, seconds: float) -> None:
         slot = self._count % len(self._tokens)
@@ -64,26 +69,42 @@ class StepCostModel:
         """
         crossed_minimum = self._fitted_at < MIN_SAMPLES <= self._count
         if crossed_minimum or self._count - self._fitted_at >= REFIT_INTERVAL:
-            self._fit = self._refit()
+            self._refit()
             self._fitted_at = self._count
-        return self._fit
-
-    def _refit(self) -> float:
-        if self._count < MIN_SAMPLES:
+        if not self.token_seconds > 0:  # nan or not positive
             return math.inf
+        return max(self.fixed_seconds, 0.0) / self.token_seconds
+
+    def _refit(self) -> None:
+        """Weighted least squares over each token count's lower quartile of times.
+
+        Another process on the machine only ever slows a pass down, and a few slow
+        passes at a rare, long token count would tilt a plain fit; a low quantile per
+        count ignores them, and scaling every time alike leaves a / b unchanged.
+        """
+        self.fixed_seconds = self.token_seconds = math.nan
+        if self._count < MIN_SAMPLES:
+            return
         n = self._tokens[: self._count]
         t = self._seconds[: self._count]
-        variance = n.var()
+        order = np.lexsort((t, n))
+        counts_sorted = n[order]
+        values, first, weights = np.unique(counts_sorted, return_index=True,
+                                           return_counts=True)
+        quantile = t[order][first + ((weights - 1) * QUIET_QUANTILE).astype(np.int64)]
+        mean_n = np.average(values, weights=weights)
+        variance = np.average((values - mean_n) ** 2, weights=weights)
         if variance < 1e-9:
-            return math.inf
-        slope = ((n - n.mean()) * (t - t.mean())).mean() / variance
-        if slope <= 0:
-            return math.inf
-        return max(t.mean() - slope * n.mean(), 0.0) / slope
+            return
+        mean_t = np.average(quantile, weights=weights)
+        self.token_seconds = np.average((values - mean_n) * (quantile - mean_t),
+                                        weights=weights) / variance
+        self.fixed_seconds = mean_t - self.token_seconds * mean_n
 
 
 class AcceptanceByDepth:
-    """Worker-wide acceptance by draft position, from recent verifications.
+    """Worker-wide acceptance by draft position, from recent drafts checked in hindsight
+    (``hindsight.py``: every proposed draft, also the tokens the cut dropped).
 
     ``survival()[j-1]`` estimates P(token j accepted | token 1 accepted). Acceptance is
     far from geometric: a draft whose first tokens were right (a copied span) tends to
@@ -91,18 +112,25 @@ class AcceptanceByDepth:
     """
 
     def __init__(self, max_depth: int, decay: float = WORKER_DECAY):
-        self._reached = np.zeros(max_depth)  # verifications that got to position j
-        self._accepted = np.zeros(max_depth)  # ... and accepted it
+        self._reached = np.zeros(max_depth)  # drafts checked at position j
+        self._accepted = np.zeros(max_depth)  # ... and right there
         self._decay = decay
 
-    def add(self, draft_lengths: list[int], accepted: list[int]) -> None:
-        """One step's verifications: each draft's length and accepted count."""
+    def decay(self) -> None:
+        """Once per step: older evidence counts less."""
         self._reached *= self._decay
         self._accepted *= self._decay
-        depth = len(self._reached)
-        for length, count in zip(draft_lengths, accepted):
-            self._reached[: min(count + 1, length, depth)] += 1
-            self._accepted[: min(count, depth)] += 1
+
+    def add(self, first: int, compared: int, confirmed: int) -> None:
+        """Draft positions ``[first, first + compared)`` were checked against the text
+        that followed, and the first ``confirmed`` of them were right."""
+        self._reached[first : first + compared] += 1
+        self._accepted[first : first + confirmed] += 1
+
+    def first_token_rate(self) -> float:
+        """Acceptance of first draft tokens over all requests: the prior of each
+        request's own rate (smoothed towards one half before any evidence)."""
+        return (self._accepted[0] + PRIOR_WEIGHT * 0.5) / (self._reached[0] + PRIOR_WEIGHT)
 
     def survival(self) -> np.ndarray:
         """Deep positions are reached rarely: each rate is smoothed towards the one

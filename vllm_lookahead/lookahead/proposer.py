@@ -3,9 +3,10 @@ pool, optionally grown into trees, verified by vLLM.
 
 Each step, for every decoding request: read what the last verification pass told
 (accepted tokens, the target's predictions at every draft position, harvested as one
-Jacobi iteration into the request's pool), read the new context, then draft: the
-longest context or corpus match filled from the pool (``sources/``), cut to what the
-step affords (``budget.py``), grown into a tree where trees pay (``trees.py``).
+Jacobi iteration into the request's pool), read the new context and check the
+request's earlier drafts against it (``hindsight.py``), then draft: the longest context
+or corpus match filled from the pool (``sources/``), cut to what the step affords
+(``budget.py``), grown into a tree where trees pay (``trees.py``).
 
 vLLM calls ``propose`` with batch rows, not requests; per-request state is keyed by
 request id through the model runner bound by ``worker/`` (``state.py``).
@@ -14,6 +15,7 @@ request id through the model runner bound by ``worker/`` (``state.py``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from typing import Any
@@ -36,6 +38,11 @@ from vllm_lookahead.worker import runner as runner_state
 from vllm_lookahead.worker import tree_step
 from vllm_lookahead.worker.hooks import VerificationCapture
 
+logger = logging.getLogger(__name__)
+
+#: Seconds between two debug lines explaining the cost-aware cut.
+CUT_LOG_INTERVAL_S = 10.0
+
 
 class LookaheadProposer:
     """vLLM ``custom_class`` drafter for ``{"method": "lookahead"}`` (hooks:
@@ -56,7 +63,11 @@ class LookaheadProposer:
         self.cost_model = StepCostModel()
         self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
         self._tree_yield = TreeYield()
+        #: times decode passes for the cost model (replaced by a simulated clock in
+        #: benchmarks/replay.py and the tests)
+        self.clock = time.perf_counter
         self._step_start: tuple[float, int] | None = None
+        self._cut_log = CutLog()
 
     @property
     def stats(self) -> ProposerStats:
@@ -65,6 +76,8 @@ class LookaheadProposer:
             active_requests=len(self._states),
             pool_ngrams=self._states.pool_entries(),
             corpus_size=len(self._sources.corpus),
+            step_fixed_seconds=self.cost_model.fixed_seconds,
+            step_token_seconds=self.cost_model.token_seconds,
         )
 
     @property
@@ -97,7 +110,7 @@ class LookaheadProposer:
         (attention over the whole prompt), so prefill steps would overstate a draft
         token's cost.
         """
-        self._step_start = (time.perf_counter(), num_scheduled_tokens) if decode_only else None
+        self._step_start = (self.clock(), num_scheduled_tokens) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         """Free state; a finished (or aborted) request's output joins the corpus."""
@@ -132,7 +145,7 @@ class LookaheadProposer:
         slot_mappings: Any = None,
     ) -> list[list[int]]:
         start = time.perf_counter()
-        self._time_last_pass(start)
+        self._time_last_pass(self.clock())
         rows, states = self._read_verification(sampled_token_ids, num_tokens_no_spec,
                                                token_ids_cpu)
         drafts = self._draft(rows, states, num_tokens_no_spec, token_ids_cpu,
@@ -159,29 +172,37 @@ class LookaheadProposer:
         capture, self._capture = self._capture, None
         wanted = self.options.harvest_jacobi or self.capture_top_k or self.options.tree_window
         verified = feedback.verified_rows(capture, len(sampled_token_ids)) if wanted else {}
+        if self.options.cost_aware_drafts:
+            self._depth_acceptance.decay()
         rows, states = [], []
-        verified_lengths, accepted_counts = [], []  # this step's verifications
         for row, emitted in enumerate(sampled_token_ids):
             if not emitted:  # partial prefill chunk: nothing to draft yet
                 continue
             state = self._states.state_for(self._runner, req_ids[row], row)
-            main_accepted = self._learn(state, emitted, verified.get(row))
-            if state.draft:
-                state.count_acceptance(len(emitted) - 1)
-                verified_lengths.append(len(state.draft))
-                accepted_counts.append(main_accepted)
-            state.read_context(token_ids_cpu[row], int(num_tokens_no_spec[row]),
-                               self.options.ngram_size)
+            self._learn(state, emitted, verified.get(row))
+            num_tokens = int(num_tokens_no_spec[row])
+            state.read_context(token_ids_cpu[row], num_tokens, self.options.ngram_size)
+            if self.options.cost_aware_drafts:
+                self._check_in_hindsight(state, token_ids_cpu[row], num_tokens)
             rows.append(row)
             states.append(state)
-        if self.options.cost_aware_drafts:
-            self._depth_acceptance.add(verified_lengths, accepted_counts)
         return rows, states
 
+    def _check_in_hindsight(self, state: RequestState, context: np.ndarray,
+                            num_tokens: int) -> None:
+        """Compare the request's earlier drafts, kept or cut, with the tokens it then
+        generated: the evidence behind its first-token rate and the worker's acceptance
+        by depth, which therefore keeps coming when the cut drops every draft."""
+        for outcome in state.hindsight.settle(context, num_tokens):
+            if outcome.first == 0:
+                state.count_first_token(outcome.confirmed > 0)
+            self._depth_acceptance.add(outcome.first, outcome.compared, outcome.confirmed)
+            self._stats.cut_tokens_confirmed += outcome.cut_confirmed
+
     def _learn(self, state: RequestState, emitted: list[int],
-               verified: feedback.Verified | None) -> int:
+               verified: feedback.Verified | None) -> None:
         """Count the request's pass, harvest the target's predictions, adapt its draft
-        limit; returns the main draft's accepted tokens."""
+        limit."""
         accepted = len(emitted) - 1
         self._stats.generated_tokens += accepted + 1
         self._stats.request_passes += 1
@@ -203,7 +224,6 @@ class LookaheadProposer:
         # and must not shrink the next main draft to its own few accepted tokens
         if self.options.adaptive_draft_length and state.draft:
             state.adapt_draft_limit(accepted)
-        return main_accepted
 
     def _draft(self, rows: list[int], states: list[RequestState],
                num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
@@ -219,9 +239,17 @@ class LookaheadProposer:
         main = self._sources.draft(rows, states, token_ids_cpu, num_tokens, limits)
         free_tokens = self._step_budget()
         if self.options.cost_aware_drafts:
+            proposed = [list(draft.tokens) for draft in main]
+            prior = self._depth_acceptance.first_token_rate()
             self._stats.cut_tokens += cut_to_budget(
-                [draft.tokens for draft in main], [state.first_token_rate for state in states],
+                [draft.tokens for draft in main],
+                [state.first_token_rate(prior) for state in states],
                 self._depth_acceptance.survival(), free_tokens)
+            for b, state in enumerate(states):
+                state.hindsight.propose(int(num_tokens[b]), proposed[b], len(main[b].tokens),
+                                        state.max_draft)
+            self._stats.free_tokens = math.inf if free_tokens is None else free_tokens
+            self._cut_log.maybe_log(self._stats, self.cost_model)
         for row, draft in zip(rows, main):
             drafts[row] = list(draft.tokens)
         if self.trees_on:
@@ -251,3 +279,27 @@ class LookaheadProposer:
         for source, count in draft.tokens_by_source().items():
             field = DRAFT_SOURCES[source]
             setattr(self._stats, field, getattr(self._stats, field) + count)
+
+
+class CutLog:
+    """A debug line every ``CUT_LOG_INTERVAL_S`` explaining the cost-aware cut: the
+    fitted step cost, the tokens it makes free, and what was proposed, cut, and cut
+    although the generated text then matched it."""
+
+    def __init__(self) -> None:
+        self._last_time = time.monotonic()
+        self._last: tuple[int, int, int] = (0, 0, 0)
+
+    def maybe_log(self, stats: ProposerStats, cost_model: StepCostModel) -> None:
+        now = time.monotonic()
+        if now - self._last_time < CUT_LOG_INTERVAL_S or not logger.isEnabledFor(logging.DEBUG):
+            return
+        totals = (stats.draft_tokens + stats.cut_tokens, stats.cut_tokens,
+                  stats.cut_tokens_confirmed)
+        proposed, cut, confirmed = (a - b for a, b in zip(totals, self._last))
+        elapsed, self._last_time, self._last = now - self._last_time, now, totals
+        logger.debug(
+            "vllm-lookahead cut: step = %.3f ms + %.4f ms/token (free tokens %.1f); "
+            "last %.0f s: %d draft tokens proposed, %d cut, %d of those matched later",
+            cost_model.fixed_seconds * 1e3, cost_model.token_seconds * 1e3,
+            stats.free_tokens, elapsed, proposed, cut, confirmed)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.worker import runner as runner_state
@@ -22,8 +23,10 @@ logger = logging.getLogger(__name__)
 DRAFT_LIMIT_GROWTH = 8
 DRAFT_LIMIT_MARGIN = 3
 #: Per-step decay of a request's first-token acceptance counts (``cost_aware_drafts``):
-#: about its last 10 verified drafts estimate its rate.
+#: about its last 10 proposed drafts, checked in hindsight, estimate its rate.
 ACCEPTANCE_DECAY = 0.9
+#: Pseudo-drafts at the worker's rate behind a request's first-token rate.
+FIRST_TOKEN_PRIOR_WEIGHT = 2.0
 
 
 @dataclass
@@ -41,9 +44,11 @@ class RequestState:
     # target's top-k (ids, log-probs) per position after the bonus token, from the
     # Jacobi positions past the last rejection (``rescoring_top_k``)
     lattice: tuple[list[list[int]], list[list[float]]] | None = None
-    # decayed counts of verified drafts and of those whose first token was accepted
-    verified_drafts: float = 0.0
-    first_accepted: float = 0.0
+    # decayed counts of proposed drafts whose first token the generated text settled,
+    # and of those it confirmed (``hindsight.py``, also for drafts the cut dropped)
+    checked_drafts: float = 0.0
+    first_confirmed: float = 0.0
+    hindsight: Hindsight = field(default_factory=Hindsight)
     # tree drafts (``tree_candidates``, ``tree_window``): ``draft`` is the main chain,
     # the first nodes of the tree; ``tree`` what vLLM was given: (tokens, parents) of
     # ``[pending_token] + nodes``
@@ -56,14 +61,17 @@ class RequestState:
     # per window column of the last tree: (column, node of its key, its last node)
     window_columns: list[tuple[int, int, int]] = field(default_factory=list)
 
-    @property
-    def first_token_rate(self) -> float:
-        """Chance that the first draft token is accepted (add-one smoothed)."""
-        return (self.first_accepted + 1) / (self.verified_drafts + 2)
+    def first_token_rate(self, prior: float) -> float:
+        """Chance that the first draft token is accepted: the request's own evidence,
+        smoothed towards ``prior`` (the worker's rate) by ``FIRST_TOKEN_PRIOR_WEIGHT``
+        pseudo-drafts. A prior of one half would keep a request that is rarely right
+        above the break-even rate of expensive tokens."""
+        return ((self.first_confirmed + FIRST_TOKEN_PRIOR_WEIGHT * prior)
+                / (self.checked_drafts + FIRST_TOKEN_PRIOR_WEIGHT))
 
-    def count_acceptance(self, accepted: int) -> None:
-        self.verified_drafts = ACCEPTANCE_DECAY * self.verified_drafts + 1
-        self.first_accepted = ACCEPTANCE_DECAY * self.first_accepted + (accepted > 0)
+    def count_first_token(self, confirmed: bool) -> None:
+        self.checked_drafts = ACCEPTANCE_DECAY * self.checked_drafts + 1
+        self.first_confirmed = ACCEPTANCE_DECAY * self.first_confirmed + confirmed
 
     def adapt_draft_limit(self, accepted: int) -> None:
         """Bound the next draft by the last step's outcome (K stays the maximum).

@@ -1,0 +1,81 @@
+"""Draft acceptance learned in hindsight, from the text that followed each draft.
+
+The cost-aware cut keeps a draft token only while its estimated acceptance pays for
+its compute. If those estimates learned only from verified tokens, a cut would stop
+its own evidence: a request cut to no draft is never verified again, its estimates
+stay where the cut left them, and a copied span that begins later is never drafted.
+So every draft the sources proposed, kept or cut, is compared with the tokens the
+request then generated. Under greedy decoding a draft token is accepted exactly when
+it equals the generated token; under sampling, a point-mass draft token is accepted
+with the target's probability of that token, which is also the chance that the
+generated token equals it. The comparison therefore measures acceptance without
+verifying anything, and costs no forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ProposedDraft:
+    """A draft as the sources proposed it (before the cut), awaiting the text after it."""
+
+    start: int  # context position of its first token
+    tokens: np.ndarray
+    kept: int  # leading tokens the cut left to be verified
+    matched: int = 0  # leading tokens the generated text has confirmed so far
+
+
+@dataclass
+class Outcome:
+    """What the new tokens told about one proposed draft: draft positions
+    ``[first, first + compared)`` were compared with generated tokens, and the first
+    ``confirmed`` of those matched (all of them, unless the last compared one differed)."""
+
+    first: int
+    compared: int
+    confirmed: int
+    cut_confirmed: int  # matched tokens among those the cut had dropped
+
+
+@dataclass
+class Hindsight:
+    """One request's proposed drafts that the generated text has not settled yet.
+
+    Each pass generates at least one token, so a draft of up to K tokens is settled
+    within K passes and at most K are pending; ``propose`` enforces that bound.
+    """
+
+    pending: list[ProposedDraft] = field(default_factory=list)
+
+    def propose(self, start: int, tokens: list[int], kept: int, max_pending: int) -> None:
+        if not tokens:
+            return
+        if len(self.pending) >= max_pending:
+            del self.pending[: len(self.pending) - max_pending + 1]
+        self.pending.append(ProposedDraft(start, np.asarray(tokens, dtype=np.int64), kept))
+
+    def settle(self, context: np.ndarray, num_tokens: int) -> list[Outcome]:
+        """Compare the pending drafts with the context's tokens up to ``num_tokens``;
+        drafts that met a mismatch or were confirmed whole leave the pending list."""
+        outcomes, still_pending = [], []
+        for draft in self.pending:
+            first = draft.matched
+            end = min(len(draft.tokens), num_tokens - draft.start)
+            if end <= first:
+                still_pending.append(draft)
+                continue
+            generated = context[draft.start + first : draft.start + end]
+            differs = np.flatnonzero(generated != draft.tokens[first:end])
+            confirmed = int(differs[0]) if len(differs) else end - first
+            draft.matched = first + confirmed
+            cut_confirmed = max(0, draft.matched - max(first, draft.kept))
+            compared = confirmed + (1 if len(differs) else 0)
+            outcomes.append(Outcome(first, compared, confirmed, cut_confirmed))
+            if not len(differs) and draft.matched < len(draft.tokens):
+                still_pending.append(draft)
+        self.pending = still_pending
+        return outcomes
