@@ -12,7 +12,7 @@ Every greedy request is answered once by a server without speculation first.
 Checks (a failed one makes the exit status 1): the server stays healthy; every
 completed greedy response equals the reference token for token; every bad
 request got 400 and every other request was served; the proposer's state count
-(``vllm:lookahead_active_requests``) returns to 0; resident memory of the
+(``vllm:speculative_active_requests``) returns to 0; resident memory of the
 server's process tree grows less than ``--rss-growth-bound-mib`` from the end
 of the first half of the requests to the end (the
 first half warms up vLLM's and the allocator's caches). Writes the run folder
@@ -207,7 +207,7 @@ class ServerProbe:
             if not health.is_success:
                 self.unhealthy.append(f"t={row['t']}: /health {health.status_code}")
             text = (await client.get(f"{self.base_url}/metrics", timeout=30)).text
-            row["active_requests"] = prometheus_value(text, "vllm:lookahead_active_requests")
+            row["active_requests"] = prometheus_value(text, "vllm:speculative_active_requests")
             row["pool_ngrams"] = prometheus_value(text, "vllm:lookahead_pool_ngrams")
         except Exception as exc:  # noqa: BLE001 - an unreachable server is a finding
             self.unhealthy.append(f"t={row['t']}: {type(exc).__name__}: {exc}")

@@ -38,9 +38,9 @@ case "${1:-}" in
       -H 'Content-Type: application/json' \
       -d "{\"model\": \"$MODEL\", \"prompt\": \"def quicksort(xs):\", \"max_tokens\": 128, \"temperature\": 0}"
     echo
-    # lookahead's own counters (pool size, drafts by source, Jacobi harvest, S); they
+    # the proposer's own counters (pool size, drafts by source, Jacobi harvest, S); they
     # are read from the worker of rank 0, which must run on the head node (Ray's default)
-    curl -s "http://${HEAD:-127.0.0.1}:$PORT/metrics" | grep '^vllm:lookahead_'
+    curl -s "http://${HEAD:-127.0.0.1}:$PORT/metrics" | grep -E '^vllm:(speculative|lookahead)_'
     ;;
   *)
     sed -n '2,12p' "$0"

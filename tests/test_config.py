@@ -12,13 +12,14 @@ from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 import vllm_lookahead  # noqa: F401  (registers, as the entry point does in vLLM processes)
-from vllm_lookahead import engine_config, plugin
+from vllm_lookahead import _patching, engine_config, plugin
 from vllm_lookahead.lookahead.options import (
     DEFAULT_SPEC_TOKENS,
     LookaheadOptions,
     lookahead_options_table,
 )
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.proposer import METHODS
 
 PROPOSER = "vllm_lookahead.lookahead.proposer.LookaheadProposer"
 
@@ -61,6 +62,34 @@ def test_register_is_idempotent():
     wrapped = EngineArgs.create_speculative_config.__wrapped__
     assert not hasattr(wrapped, "_vllm_lookahead_patch")
 
+
+
+def test_a_wrapped_property_stays_a_property_wrapped_once():
+    class Config:
+        @property
+        def slots(self):
+            return 1
+
+    def add_one(original):
+        def slots(self):
+            return original(self) + 1
+
+        return slots
+
+    assert _patching.wrap(Config, "slots", add_one)
+    assert not _patching.wrap(Config, "slots", add_one)
+    assert Config().slots == 2
+
+
+def test_every_registered_proposer_is_the_class_vllm_loads(llama_path):
+    """Each entry of ``vllm_lookahead.proposer`` names an importable class, and that
+    class path is what vLLM's ``custom_class`` is handed."""
+    for method in METHODS.values():
+        module, _, name = method.proposer.rpartition(".")
+        assert isinstance(getattr(importlib.import_module(module), name), type)
+        spec = {"method": method.name, **({"model": llama_path} if method.takes_model else {})}
+        rewritten, _ = engine_config.rewrite_speculative_config(spec, None)
+        assert rewritten["model"] == method.proposer
 
 @pytest.mark.parametrize(
     "kwargs",

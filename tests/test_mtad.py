@@ -12,6 +12,7 @@ from conftest import (
     ENGINE_KWARGS,
     SIGNIFICANCE,
     STRESSED,
+    fake_vllm_config,
     generate,
     generate_aborting_one,
     greedy,
@@ -35,6 +36,10 @@ from vllm_lookahead.mtad.beams import (
 from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.mtad.transformers_drafter import TransformersDrafter
 from vllm_lookahead.engine_config import parse_speculative_config_arg, rewrite_speculative_config
+from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.worker.scheduler import count_mtad_lookahead_slots, mtad_lookahead_slots
+from vllm_lookahead.worker.scratch import scratch_blocks
+from vllm_lookahead.worker.tree_attention import scratch_block_count
 
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
 
@@ -319,6 +324,29 @@ def test_vocabulary_mismatch_names_both_sizes(llama_path, tmp_path):
         LLM(llama_path, speculative_config=mtad(str(tmp_path)), **ENGINE_KWARGS)
 
 
+
+def mtad_config(num_speculative_tokens, **options):
+    return fake_vllm_config(num_speculative_tokens, 1024, {ADDITIONAL_CONFIG_KEY: {
+        "method": "mtad", "model": "m", **options}})
+
+
+def test_all_beams_reserve_kv_for_the_draft_length_not_the_node_budget():
+    """With candidates='all' vLLM's num_speculative_tokens is gamma x B (16 here), but a
+    beam, a path of the trie and the auxiliary model's lookahead are gamma (4) long."""
+    all_beams = mtad_config(16, candidates="all", beam_width=4)
+    best_beam = mtad_config(4, candidates="best", beam_width=4)
+    block_size = 4  # gamma x B would span 5 blocks a beam, gamma spans 2
+    blocks = scratch_blocks(all_beams, 2000, block_size)
+    assert len(blocks.beams) == len(scratch_blocks(best_beam, 2000, block_size).beams)
+    assert len(blocks.beams) == 8 * 3 * 2  # max_num_seqs x (B - 1) x blocks a beam
+    assert len(blocks.trees) == scratch_block_count(2000, block_size, 4)
+    assert mtad_lookahead_slots(all_beams) == mtad_lookahead_slots(best_beam) == 4
+    assert count_mtad_lookahead_slots(lambda config: 0)(all_beams) == 4
+    assert count_mtad_lookahead_slots(lambda config: 7)(all_beams) == 7  # vLLM's own, if more
+    assert mtad_lookahead_slots(fake_vllm_config(5, 1024, {ADDITIONAL_CONFIG_KEY: {
+        "method": "lookahead"}})) == 0
+
+
 # -- end to end ---------------------------------------------------------------------------
 
 
@@ -392,6 +420,28 @@ def test_chunked_prefill_and_preemption_keep_greedy_exact(llama_path, llama_refe
     shutdown(llm)
     assert outputs == llama_reference
     assert all(len(o) == 64 for o in sampled)
+    assert preemptions > 0
+
+
+def test_all_beams_under_a_tight_kv_budget_count_their_lookahead_slots_at_admission(
+        llama_path, llama_reference, monkeypatch):
+    """candidates='all' under the KV budget of the test above: vLLM's admission estimate
+    (built in Scheduler.__init__) counts the auxiliary model's gamma lookahead slots, and
+    requests are preempted and resumed with their trees, greedy rows exact."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the scheduler in reach
+    stressed = {**STRESSED, "kv_cache_memory_bytes": 2 * STRESSED["kv_cache_memory_bytes"]}
+    llm = LLM(llama_path, speculative_config=mtad(llama_path, candidates="all"),
+              disable_log_stats=False, **stressed)
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    block_size = scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+    outputs = generate(llm, make_prompts(), greedy())
+    preemptions = metrics(llm)["vllm:num_preemptions"]
+    shutdown(llm)
+    assert scheduler.num_spec_tokens == 16 and scheduler.num_lookahead_tokens == 4
+    assert scheduler.vllm_config.num_lookahead_tokens == 4  # what Scheduler.__init__ read
+    if hasattr(scheduler, "_spec_decode_step_blocks"):  # vLLM 0.32's admission estimate
+        assert scheduler._spec_decode_step_blocks == math.ceil((1 + 16 + 4) / block_size)
+    assert outputs == llama_reference
     assert preemptions > 0
 
 

@@ -187,14 +187,14 @@ def test_per_request_options_on_a_server_without_lookahead_are_http_400(servers)
 def test_lookahead_metrics_move(servers):
     """Pool size and state count rise while a request runs and fall back when it ends."""
     _, lookahead = servers
-    counters = ["vllm:lookahead_drafts_total", "vllm:lookahead_harvested_ngrams_total",
-                "vllm:lookahead_generated_tokens_total", "vllm:lookahead_draft_tokens_total"]
+    counters = ["vllm:speculative_drafts_total", "vllm:lookahead_harvested_ngrams_total",
+                "vllm:speculative_generated_tokens_total", "vllm:lookahead_draft_tokens_total"]
     before = {name: lookahead.metric(name) for name in counters}
     observed, stop = threading.Event(), threading.Event()
 
     def watch():  # snapshots are at most a second old
         while not stop.is_set():
-            if (lookahead.metric("vllm:lookahead_active_requests") > 0
+            if (lookahead.metric("vllm:speculative_active_requests") > 0
                     and lookahead.metric("vllm:lookahead_pool_ngrams") > 0):
                 observed.set()
                 return
@@ -216,11 +216,11 @@ def test_lookahead_metrics_move(servers):
     watcher.join()
     assert observed.is_set(), "never saw the running request in the proposer gauges"
     assert all(lookahead.metric(name) > before[name] for name in counters)
-    assert lookahead.metric("vllm:lookahead_compression_ratio") > 1.0
+    assert lookahead.metric("vllm:speculative_compression_ratio") > 1.0
     deadline = time.monotonic() + 30
-    while lookahead.metric("vllm:lookahead_active_requests") and time.monotonic() < deadline:
+    while lookahead.metric("vllm:speculative_active_requests") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert lookahead.metric("vllm:lookahead_active_requests") == 0
+    assert lookahead.metric("vllm:speculative_active_requests") == 0
     assert lookahead.metric("vllm:lookahead_pool_ngrams") == 0
     assert lookahead.metric("vllm:lookahead_corpus_size_tokens") > 0
 

@@ -16,17 +16,19 @@ _MARK = "_vllm_lookahead_patch"
 def wrap(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
     """Set ``owner.name = make_wrapper(original)`` unless already done; True if done now.
 
-    Staticmethods stay staticmethods.
+    Staticmethods stay staticmethods; a property's getter is wrapped.
     """
     raw = inspect.getattr_static(owner, name)
     is_static = isinstance(raw, staticmethod)
-    original = raw.__func__ if is_static else getattr(owner, name)
+    is_property = isinstance(raw, property)
+    original = raw.__func__ if is_static else raw.fget if is_property else getattr(owner, name)
     if getattr(original, _MARK, False):
         return False
     wrapper = make_wrapper(original)
     functools.update_wrapper(wrapper, original)
     setattr(wrapper, _MARK, True)
-    setattr(owner, name, staticmethod(wrapper) if is_static else wrapper)
+    setattr(owner, name, staticmethod(wrapper) if is_static
+            else property(wrapper) if is_property else wrapper)
     return True
 
 

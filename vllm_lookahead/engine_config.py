@@ -23,7 +23,7 @@ from typing import Any
 
 from vllm_lookahead import _patching
 from vllm_lookahead.lookahead.options import REQUEST_KEY_PREFIX, LookaheadOptions, request_overrides
-from vllm_lookahead.methods import METHODS, Method, method_by_model_alias
+from vllm_lookahead.proposer import METHODS, Method, method_by_model_alias
 from vllm_lookahead.options import (
     ADDITIONAL_CONFIG_KEY,
     MAX_SPEC_TOKENS,

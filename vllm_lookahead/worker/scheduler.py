@@ -1,37 +1,62 @@
 """The engine core's part of tree verification and MTAD drafting: scratch blocks
 (``scratch.py``) are taken out of vLLM's KV block pool for good; MTAD's requests get
-lookahead slots past their scheduled tokens for the auxiliary model's draft."""
+lookahead slots past their scheduled tokens for the auxiliary model's draft (γ tokens,
+not vLLM's ``num_speculative_tokens``, which is γ × B with ``candidates`` other than
+``"best"``)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
+from typing import Any
 
 from vllm_lookahead import _patching
-from vllm_lookahead.options import method_config
+from vllm_lookahead.mtad.options import MTADOptions
+from vllm_lookahead.options import method_config, method_options
 from vllm_lookahead.worker.scratch import scratch_blocks
 
 logger = logging.getLogger(__name__)
 
 
 def install() -> None:
+    from vllm.config import VllmConfig
     from vllm.v1.core.sched import scheduler
 
     _patching.wrap(scheduler.Scheduler, "__init__", hold_back_blocks)
+    if isinstance(inspect.getattr_static(VllmConfig, "num_lookahead_tokens", None), property):
+        _patching.wrap(VllmConfig, "num_lookahead_tokens", count_mtad_lookahead_slots)
+
+
+def mtad_lookahead_slots(vllm_config: Any) -> int:
+    """KV slots past a request's scheduled tokens that MTAD's auxiliary model writes
+    its draft to (0 for other methods): the draft length γ."""
+    if method_config(vllm_config).get("method") != "mtad":
+        return 0
+    return method_options(vllm_config, MTADOptions).draft_length(
+        vllm_config.speculative_config.num_speculative_tokens)
+
+
+def count_mtad_lookahead_slots(original):
+    """Wrap the ``VllmConfig.num_lookahead_tokens`` property (vLLM 0.32): the scheduler
+    reads it in ``__init__`` for its admission estimates (``_spec_decode_step_blocks``)
+    as well as for ``allocate_slots``, so MTAD's slots must be in it from the start."""
+    def num_lookahead_tokens(self):
+        return max(original(self), mtad_lookahead_slots(self))
+
+    return num_lookahead_tokens
 
 
 def hold_back_blocks(original):
     """Wrap ``Scheduler.__init__``: take the scratch blocks out with ``BlockPool.touch``;
-    for MTAD, reserve ``num_speculative_tokens`` lookahead slots (as vLLM does for
-    ``draft_model``)."""
+    for MTAD, make sure of the lookahead slots (vLLM 0.26 sets ``num_lookahead_tokens``
+    in ``__init__`` from the method, with no ``VllmConfig`` property and no estimate
+    that reads it early)."""
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        method = method_config(self.vllm_config).get("method")
-        if method is None:
+        if not method_config(self.vllm_config):
             return
-        if method == "mtad":
-            self.num_lookahead_tokens = max(
-                self.num_lookahead_tokens,
-                self.vllm_config.speculative_config.num_speculative_tokens)
+        self.num_lookahead_tokens = max(self.num_lookahead_tokens,
+                                        mtad_lookahead_slots(self.vllm_config))
         config = self.kv_cache_config
         held = scratch_blocks(self.vllm_config, config.num_blocks,
                               config.kv_cache_groups[0].kv_cache_spec.block_size).all

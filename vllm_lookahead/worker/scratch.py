@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_lookahead.options import method_config
+from vllm_lookahead.mtad.options import MTADOptions
+from vllm_lookahead.options import method_config, method_options
 from vllm_lookahead.worker import tree_attention
 
 #: Never more than this share of the pool for MTAD's beams; a request that finds
@@ -27,20 +28,20 @@ class ScratchBlocks:
 
 def scratch_blocks(vllm_config: Any, num_blocks: int, block_size: int) -> ScratchBlocks:
     options = method_config(vllm_config)
-    max_draft = vllm_config.speculative_config.num_speculative_tokens
     method = options.get("method")
     trees = beams = 0
     if method == "lookahead" and (options.get("tree_candidates") or options.get("tree_window")):
-        trees = tree_attention.scratch_block_count(num_blocks, block_size, max_draft)
+        trees = tree_attention.scratch_block_count(
+            num_blocks, block_size, vllm_config.speculative_config.num_speculative_tokens)
     if method == "mtad":
-        from vllm_lookahead.mtad.options import MTADOptions
-
-        if options.get("candidates", MTADOptions.candidates) != "best":
-            trees = tree_attention.scratch_block_count(num_blocks, block_size, max_draft)
-        if options.get("auxiliary_runner", MTADOptions.auxiliary_runner) == "vllm":
-            beam_width = options.get("beam_width", MTADOptions.beam_width)
-            beams = min(vllm_config.scheduler_config.max_num_seqs * (beam_width - 1)
-                        * tree_attention.blocks_per_branch(block_size, max_draft),
+        mtad = method_options(vllm_config, MTADOptions)
+        # a beam, and a path of the beams' trie, is γ tokens long: not vLLM's γ × B
+        draft_length = mtad.draft_length(vllm_config.speculative_config.num_speculative_tokens)
+        if mtad.candidates != "best":
+            trees = tree_attention.scratch_block_count(num_blocks, block_size, draft_length)
+        if mtad.auxiliary_runner == "vllm":
+            beams = min(vllm_config.scheduler_config.max_num_seqs * (mtad.beam_width - 1)
+                        * tree_attention.blocks_per_branch(block_size, draft_length),
                         num_blocks // BEAM_SHARE)
     first = num_blocks - trees - beams
     return ScratchBlocks(trees=list(range(first + beams, num_blocks)),

@@ -1,5 +1,12 @@
-"""The speculative methods this plugin adds, in one registry: what vLLM's
-``custom_class`` path loads for each, its options and what it checks at start-up."""
+"""The proposers this plugin registers with vLLM's spec-decode framework, one entry per
+speculative method: the ``custom_class`` vLLM loads for it (and logs), its options, its
+default K, the ``model`` spellings that select it and what it checks at start-up.
+
+vLLM has no registry of its own for such methods; ``engine_config.py`` maps each name
+below onto vLLM's ``custom_class`` proposer. The classes live with their method
+(``lookahead/proposer.py``, ``mtad/proposer.py``) and are imported by vLLM in the
+workers only, so this module names them by path and imports neither.
+"""
 
 from __future__ import annotations
 
