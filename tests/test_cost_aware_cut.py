@@ -8,6 +8,7 @@ deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -125,3 +126,29 @@ def test_committed_trace_default_is_never_far_below_the_better_of_uncut_and_none
     assert default_speed >= 0.95 * max(uncut_speed, 1 / step_cost(1))
     if dataset == "code_edit":
         assert default_s >= 0.5 * uncut_s
+
+
+def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch, caplog):
+    from vllm_lookahead.lookahead import proposer as proposer_module
+
+    monkeypatch.setattr(proposer_module, "CUT_LOG_INTERVAL_S", 0.0)
+    replayers = []
+
+    def make_replayer():
+        replayers.append(LookaheadReplayer(DEFAULT))
+        return replayers[-1]
+
+    with caplog.at_level("DEBUG", logger="vllm_lookahead.lookahead.proposer"):
+        replay(make_replayer, list(synthetic_requests().values()), EXPENSIVE)
+    stats = replayers[0].proposer.stats
+    # plain Python numbers: vLLM's RPC decoder does not rebuild numpy scalars, and a
+    # collective_rpc for these stats then never returned
+    assert {type(value) for value in dataclasses.asdict(stats).values()} <= {int, float}
+    assert stats.free_tokens == pytest.approx(4.0)
+    assert stats.step_fixed_seconds == pytest.approx(0.010)
+    assert stats.step_token_seconds == pytest.approx(0.0025)
+    assert 0 < stats.cut_tokens_confirmed < stats.cut_tokens
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("vllm-lookahead cut: step = 10.000 ms + 2.5000 ms/token "
+                           "(free tokens 4.0)")
+    assert "draft tokens proposed" in line and "of those matched later" in line

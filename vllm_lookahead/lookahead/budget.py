@@ -97,9 +97,11 @@ class StepCostModel:
         if variance < 1e-9:
             return
         mean_t = np.average(quantile, weights=weights)
-        self.token_seconds = np.average((values - mean_n) * (quantile - mean_t),
-                                        weights=weights) / variance
-        self.fixed_seconds = mean_t - self.token_seconds * mean_n
+        slope = np.average((values - mean_n) * (quantile - mean_t), weights=weights) / variance
+        # plain floats: they travel in ProposerStats through vLLM's RPC encoder, whose
+        # decoder does not rebuild numpy scalars
+        self.token_seconds = float(slope)
+        self.fixed_seconds = float(mean_t - slope * mean_n)
 
 
 class AcceptanceByDepth:
