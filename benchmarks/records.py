@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SPEC_DECODE_PREFIX = "vllm:spec_decode_"
+DRAFTS = SPEC_DECODE_PREFIX + "num_drafts"
+DRAFT_TOKENS = SPEC_DECODE_PREFIX + "num_draft_tokens"
+ACCEPTED = SPEC_DECODE_PREFIX + "num_accepted_tokens"
+ACCEPTED_PER_POS = SPEC_DECODE_PREFIX + "num_accepted_tokens_per_pos"
 
 
 @dataclass
@@ -106,7 +107,10 @@ class SpecDecodeCounters:
             match = PROMETHEUS_SAMPLE.match(line)
             if not match:
                 continue
-            name, labels, value = match["name"], match["labels"] or "", int(float(match["value"]))
+            name, labels = match["name"], match["labels"] or ""
+            if not name.startswith(SPEC_DECODE_PREFIX):  # other gauges may be NaN or +Inf
+                continue
+            value = int(float(match["value"]))
             if name == DRAFTS + "_total":
                 counters.drafts += value
             elif name == DRAFT_TOKENS + "_total":

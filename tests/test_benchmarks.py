@@ -160,6 +160,8 @@ vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 7.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
 vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9
+vllm:lookahead_step_fixed_seconds{engine="0",model_name="m"} NaN
+vllm:lookahead_free_tokens{engine="0",model_name="m"} +Inf
 """
 
 
