@@ -44,6 +44,8 @@ def test_a_tree_without_enough_scratch_blocks_is_not_planned():
 
 
 def scratch_config(method, k=24, max_num_seqs=2, **options):
+    if method == "mtad":
+        options = {"model": "auxiliary-model", **options}  # required; not loaded here
     return SimpleNamespace(
         additional_config={"vllm_lookahead": {"method": method, **options}},
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
@@ -59,8 +61,11 @@ def test_scratch_blocks_are_the_pools_last_and_bounded():
     # mtad: B - 1 beams of each of max_num_seqs requests, each the root block and 2 more
     beams = scratch_blocks(scratch_config("mtad", beam_width=4, candidates="best"), 10_000, 16)
     assert beams.beams == list(range(10_000 - 2 * 3 * 3, 10_000)) and beams.trees == []
+    # candidates="all": vLLM's K = 24 is gamma x B, the beams and a tree path gamma = 6
+    # deep (the root block and 1 more): 32 branches x 2 blocks, 2 x 3 beams x 2 blocks
     both = scratch_blocks(scratch_config("mtad", beam_width=4, candidates="all"), 10_000, 16)
-    assert both.trees == trees.trees and both.beams == list(range(10_000 - 96 - 18, 10_000 - 96))
+    assert both.trees == list(range(10_000 - 64, 10_000))
+    assert both.beams == list(range(10_000 - 64 - 12, 10_000 - 64))
     assert len(scratch_blocks(scratch_config("mtad", max_num_seqs=256), 800, 16).beams) == 100
     assert scratch_blocks(scratch_config("mtad", auxiliary_runner="transformers"),
                           800, 16).all == []
@@ -237,6 +242,7 @@ def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
     scheduler = SimpleNamespace()
     hold_back_blocks(mtad_init)(scheduler)
     held = scratch_blocks(scratch_config("mtad", k, candidates="auto"), num_blocks, block_size)
-    assert held.beams and held.trees and scheduler.num_lookahead_tokens == k
+    assert held.beams and held.trees
+    assert scheduler.num_lookahead_tokens == k // 4  # gamma: K is gamma x B (B = 4)
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == \
         num_blocks - 1 - len(held.all)
