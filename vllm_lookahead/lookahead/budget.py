@@ -30,6 +30,8 @@ PRIOR_WEIGHT = 2.0
 WORKER_DECAY = 0.99
 #: Acceptance at the second position before any verification.
 PRIOR_DEPTH_RATE = 0.5
+#: Acceptance of first draft tokens before any draft was checked.
+PRIOR_FIRST_RATE = 0.5
 #: Tree yield before any tree was verified: accepted tokens per node, over this many
 #: pseudo-nodes (optimistic, so that trees are tried).
 PRIOR_TREE_RATE = 0.2
@@ -131,8 +133,9 @@ class AcceptanceByDepth:
 
     def first_token_rate(self) -> float:
         """Acceptance of first draft tokens over all requests: the prior of each
-        request's own rate (smoothed towards one half before any evidence)."""
-        return (self._accepted[0] + PRIOR_WEIGHT * 0.5) / (self._reached[0] + PRIOR_WEIGHT)
+        request's own rate (smoothed towards ``PRIOR_FIRST_RATE``)."""
+        return ((self._accepted[0] + PRIOR_WEIGHT * PRIOR_FIRST_RATE)
+                / (self._reached[0] + PRIOR_WEIGHT))
 
     def survival(self) -> np.ndarray:
         """Deep positions are reached rarely: each rate is smoothed towards the one

@@ -51,12 +51,12 @@ class Hindsight:
 
     pending: list[ProposedDraft] = field(default_factory=list)
 
-    def propose(self, start: int, tokens: list[int], kept: int, max_pending: int) -> None:
-        if not tokens:
+    def propose(self, start: int, tokens: np.ndarray, kept: int, max_pending: int) -> None:
+        if not len(tokens):
             return
         if len(self.pending) >= max_pending:
             del self.pending[: len(self.pending) - max_pending + 1]
-        self.pending.append(ProposedDraft(start, np.asarray(tokens, dtype=np.int64), kept))
+        self.pending.append(ProposedDraft(start, tokens, kept))
 
     def settle(self, context: np.ndarray, num_tokens: int) -> list[Outcome]:
         """Compare the pending drafts with the context's tokens up to ``num_tokens``;

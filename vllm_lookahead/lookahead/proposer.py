@@ -239,7 +239,7 @@ class LookaheadProposer:
         main = self._sources.draft(rows, states, token_ids_cpu, num_tokens, limits)
         free_tokens = self._step_budget()
         if self.options.cost_aware_drafts:
-            proposed = [list(draft.tokens) for draft in main]
+            proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
             prior = self._depth_acceptance.first_token_rate()
             self._stats.cut_tokens += cut_to_budget(
                 [draft.tokens for draft in main],
