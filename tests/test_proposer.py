@@ -395,15 +395,17 @@ def test_expensive_tokens_cut_drafts_under_load(cost_aware):
     periodic = [1, 2, 3] * 6
     batch = Batch(runner, {str(i): periodic for i in range(8)})
     assert list(map(len, batch.propose(proposer, [[3]] * 8))) == [4] * 8
-    # passes timed at 10 ms per token and no fixed cost: a draft token pays only if
-    # accepted at least as often as a pass yields tokens per token computed (1 here)
-    for n in range(MIN_SAMPLES):
+    # steps timed at 10 ms per token and no fixed cost: a draft token pays only if
+    # accepted at least as often as a step yields tokens per token computed (1 here)
+    for n in range(2 * MIN_SAMPLES):
         proposer.on_step_start(8 + n, decode_only=True)
         now[0] += 0.01 * (8 + n)
         batch.propose(proposer, [[3]] * 8)
-        proposer.on_step_start(500, decode_only=False)  # a prefill step: not timed
-        now[0] += 0.5
-        batch.propose(proposer, [[3]] * 8)
+        if n % 4 == 0:  # a prefill step, and the decode step before it: not timed
+            proposer.on_step_start(500, decode_only=False)
+            now[0] += 0.5
+            batch.propose(proposer, [[3]] * 8)
+    proposer.on_step_start(8, decode_only=True)
     lengths = list(map(len, batch.propose(proposer, [[3]] * 8)))
     assert lengths == ([0] * 8 if cost_aware else [4] * 8)
     assert (proposer.stats.cut_tokens > 0) == cost_aware

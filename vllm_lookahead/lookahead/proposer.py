@@ -104,13 +104,21 @@ class LookaheadProposer:
         self._capture = capture
 
     def on_step_start(self, num_scheduled_tokens: int, decode_only: bool) -> None:
-        """The runner starts a step: its time until ``propose`` is the pass's cost.
+        """The runner starts a step: the time since the last step started is that
+        step's cost, for the cost model.
 
-        Only decode steps are timed: a prompt token costs more than a draft token
-        (attention over the whole prompt), so prefill steps would overstate a draft
-        token's cost.
+        The whole period counts, not only the forward pass: the sampler, this proposer,
+        the scheduler and the engine's output processing are paid once per step too,
+        and a step saved by an accepted token saves them all. Only periods from a
+        decode step to the next are timed: a prompt token costs more than a draft token
+        (attention over the whole prompt), and a period ending in a prefill may include
+        time the engine sat idle waiting for a request.
         """
-        self._step_start = (self.clock(), num_scheduled_tokens) if decode_only else None
+        now = self.clock()
+        if self._step_start is not None and decode_only:
+            step_start, num_scheduled = self._step_start
+            self.cost_model.add(num_scheduled, now - step_start)
+        self._step_start = (now, num_scheduled_tokens) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         """Free state; a finished (or aborted) request's output joins the corpus."""
@@ -145,7 +153,6 @@ class LookaheadProposer:
         slot_mappings: Any = None,
     ) -> list[list[int]]:
         start = time.perf_counter()
-        self._time_last_pass(self.clock())
         rows, states = self._read_verification(sampled_token_ids, num_tokens_no_spec,
                                                token_ids_cpu)
         drafts = self._draft(rows, states, num_tokens_no_spec, token_ids_cpu,
@@ -155,13 +162,6 @@ class LookaheadProposer:
         if self._snapshots.due():
             self._snapshots.write(self.stats)
         return drafts
-
-    def _time_last_pass(self, now: float) -> None:
-        """The decode pass that just ran, for the step cost model."""
-        if self._step_start is not None:
-            step_start, num_scheduled = self._step_start
-            self.cost_model.add(num_scheduled, now - step_start)
-            self._step_start = None
 
     def _read_verification(self, sampled_token_ids: list[list[int]],
                            num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
