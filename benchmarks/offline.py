@@ -21,6 +21,7 @@ from collections.abc import Callable
 from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
 from benchmarks.engine_loop import drive
 from benchmarks.records import RequestRecord, SpecDecodeCounters, measurement_json
+from vllm_lookahead.metrics import ACCEPTED_SOURCES
 
 MODES = ("latency", "throughput")
 
@@ -91,7 +92,13 @@ def proposer_stats(llm) -> dict | None:
 
 
 def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The measurement's share of the drafter's counters: steps, seconds and (lookahead)
+    accepted tokens by draft source."""
     if before is None or after is None:
         return None
-    return {"steps": after["steps"] - before["steps"],
-            "seconds": after["seconds"] - before["seconds"]}
+    delta = {"steps": after["steps"] - before["steps"],
+             "seconds": after["seconds"] - before["seconds"]}
+    if all(field in after for field in ACCEPTED_SOURCES.values()):
+        delta["accepted_by_source"] = {source: after[field] - before[field]
+                                       for source, field in ACCEPTED_SOURCES.items()}
+    return delta

@@ -14,6 +14,7 @@ DRAFTS = SPEC_DECODE_PREFIX + "num_drafts"
 DRAFT_TOKENS = SPEC_DECODE_PREFIX + "num_draft_tokens"
 ACCEPTED = SPEC_DECODE_PREFIX + "num_accepted_tokens"
 ACCEPTED_PER_POS = SPEC_DECODE_PREFIX + "num_accepted_tokens_per_pos"
+LOOKAHEAD_ACCEPTED = "vllm:lookahead_accepted_draft_tokens_total"
 
 
 @dataclass
@@ -126,6 +127,19 @@ class SpecDecodeCounters:
 
 PROMETHEUS_SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+
+def accepted_by_source(text: str) -> dict[str, int]:
+    """Lookahead's accepted draft tokens by source from the server's /metrics text
+    (empty for other methods). The workers' counters reach /metrics at most once a
+    second while drafting (vllm_lookahead.metrics), so the last second may be missing."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        match = PROMETHEUS_SAMPLE.match(line)
+        if match and match["name"] == LOOKAHEAD_ACCEPTED:
+            source = re.search(r'source="([^"]*)"', match["labels"] or "")[1]
+            counts[source] = counts.get(source, 0) + int(float(match["value"]))
+    return counts
 
 
 def _padded(values: list[int], width: int) -> list[int]:

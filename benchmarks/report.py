@@ -66,8 +66,10 @@ def render_markdown(results: dict, rows: list[dict]) -> str:
          "token-carrying stream chunks). Acceptance: vLLM's counters, over steps that had a "
          "draft; per position = accepted at that draft position / drafts. Identical: greedy "
          f"output equal to `{BASELINE}`'s per turn (t2 compared only where t1 was identical); "
-         "first divergence = token index of the first difference (mean/min). See "
-         "benchmarks/README.md."),
+         "first divergence = token index of the first difference (mean/min). Accepted by "
+         "source: lookahead's accepted draft tokens by the source that drafted them (tree: "
+         "nodes off the main draft; server: read from /metrics, which may lag by a second). "
+         "See benchmarks/README.md."),
         "",
     ]
     return "\n".join(lines)
@@ -93,6 +95,7 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
                     ("TPOT ms", lambda r: _num(r["tpot_ms"], 1))]
     else:
         columns.append(("proposer ms/step (% of step)", _proposer))
+    columns.append(("accepted by source", _accepted_by_source))
     lines = ["| " + " | ".join(name for name, _ in columns) + " |",
              "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in _ordered(rows)]
@@ -125,6 +128,14 @@ def _divergence(row: dict) -> str:
     parts = [f"t{turn} {e['first_divergence_mean']:.0f}/{e['first_divergence_min']}"
              for turn, e in row["equality"].items() if e["first_divergence_min"] is not None]
     return ", ".join(parts) or "-"
+
+
+def _accepted_by_source(row: dict) -> str:
+    """Shares of lookahead's accepted draft tokens, by the source that drafted them."""
+    shares = row.get("accepted_share_by_source")
+    if not shares:
+        return "n/a"
+    return " ".join(f"{source} {share:.0%}" for source, share in shares.items() if share)
 
 
 def _proposer(row: dict) -> str:

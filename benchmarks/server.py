@@ -26,7 +26,12 @@ import time
 from collections.abc import Callable
 
 from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
-from benchmarks.records import RequestRecord, SpecDecodeCounters, measurement_json
+from benchmarks.records import (
+    RequestRecord,
+    SpecDecodeCounters,
+    accepted_by_source,
+    measurement_json,
+)
 
 HOST = "127.0.0.1"
 HEALTH_POLL_SECONDS = 2.0
@@ -113,12 +118,14 @@ class ApiServer:
             text = f.read()
         return f"; server log ({self._log.name}) ends with:\n{text[-LOG_TAIL_CHARS:]}"
 
-    def counters(self) -> SpecDecodeCounters:
+    def counters(self) -> tuple[SpecDecodeCounters, dict[str, int]]:
+        """vLLM's spec-decode counters and lookahead's accepted tokens by source."""
         import httpx
 
         response = httpx.get(f"{self.base_url}/metrics", timeout=30, trust_env=False)
         response.raise_for_status()
-        return SpecDecodeCounters.from_prometheus(response.text)
+        return (SpecDecodeCounters.from_prometheus(response.text),
+                accepted_by_source(response.text))
 
 
 def measure_server(model_path: str, speculative_config: dict | None, engine_args: dict,
@@ -133,12 +140,16 @@ def measure_server(model_path: str, speculative_config: dict | None, engine_args
     """
     with ApiServer(model_path, speculative_config, engine_args, startup_timeout) as server:
         asyncio.run(_warm_up(server, conversations.prompter.prompt(WARMUP, [])))
-        before = server.counters()
+        spec_before, sources_before = server.counters()
         records, wall_seconds = asyncio.run(_run_conversations(
             server, conversations, max_tokens, concurrency, request_timeout, on_request))
-        spec_decode = server.counters() - before
-    return measurement_json("server", dataset, concurrency, wall_seconds, None, spec_decode,
-                            None, records, conversations.samples, server.startup_seconds)
+        spec_after, sources_after = server.counters()
+    proposer = ({"accepted_by_source": {source: count - sources_before.get(source, 0)
+                                        for source, count in sources_after.items()}}
+                if sources_after else None)
+    return measurement_json("server", dataset, concurrency, wall_seconds, None,
+                            spec_after - spec_before, proposer, records, conversations.samples,
+                            server.startup_seconds)
 
 
 async def _warm_up(server: ApiServer, prompt: list[int]) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from benchmarks import datasets, methods, metrics, report
-from benchmarks.records import RequestRecord, SpecDecodeCounters
+from benchmarks.records import RequestRecord, SpecDecodeCounters, accepted_by_source
 from benchmarks.server import cli_flags
 
 # -- datasets -------------------------------------------------------------------------
@@ -162,6 +162,8 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",pos
 vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9
 vllm:lookahead_step_fixed_seconds{engine="0",model_name="m"} NaN
 vllm:lookahead_free_tokens{engine="0",model_name="m"} +Inf
+vllm:lookahead_accepted_draft_tokens_total{engine="0",model_name="m",source="context"} 20.0
+vllm:lookahead_accepted_draft_tokens_total{engine="0",model_name="m",source="pool"} 5.0
 """
 
 
@@ -169,6 +171,8 @@ def test_prometheus_counters_are_parsed():
     counters = SpecDecodeCounters.from_prometheus(PROMETHEUS)
     assert counters == SpecDecodeCounters(10, 60, 25, [9, 7])
     assert SpecDecodeCounters.from_prometheus("") == SpecDecodeCounters()
+    assert accepted_by_source(PROMETHEUS) == {"context": 20, "pool": 5}
+    assert accepted_by_source("") == {}
 
 
 def test_vllm_metric_objects_are_summed_and_subtracted():
@@ -302,7 +306,9 @@ def test_summary_rows_speedup_compression_and_acceptance():
                                  _request("r", 1, [2] * 4, 4, 1.0, "rag")])
     fast = _measurement("x", [_request("q", 1, [1] * 8, 2, 0.5, "qa", spec),
                               _request("r", 1, [2, 2, 2, 9], 2, 0.5, "rag", missed)],
-                        proposer={"steps": 4, "seconds": 0.02}, steps=4)
+                        proposer={"steps": 4, "seconds": 0.02,
+                                  "accepted_by_source": {"context": 3, "pool": 1, "tree": 0}},
+                        steps=4)
     rows = {(r["method"], r["group"]): r for r in metrics.summarize([base, fast])}
     overall = rows[("x", "all")]
     assert overall["tokens_per_second"] == pytest.approx(12.0)
@@ -313,6 +319,8 @@ def test_summary_rows_speedup_compression_and_acceptance():
     assert overall["equality"]["1"]["identical"] == 1
     assert overall["proposer_ms_per_step"] == pytest.approx(5.0)
     assert overall["proposer_share"] == pytest.approx(0.01)
+    assert overall["accepted_share_by_source"] == {"context": 0.75, "pool": 0.25, "tree": 0.0}
+    assert rows[("x", "qa")]["accepted_share_by_source"] is None  # whole measurements only
     assert rows[("x", "qa")]["speedup"] == pytest.approx(4.0)
     assert rows[("x", "rag")]["mean_acceptance_length"] == pytest.approx(1.0)
     assert rows[("none", "all")]["compression"] == 1.0

@@ -33,6 +33,7 @@ def test_collector_reports_the_lowest_rank_of_each_engine(tmp_path, monkeypatch)
     monkeypatch.setattr(metrics.tempfile, "gettempdir", lambda: str(tmp_path))
     config = fake_vllm_config(4, 64, instance_id="engine-a")
     rank0 = ProposerStats(steps=10, drafts=7, pool_tokens=5, suffix_tokens=2,
+                          accepted_pool_tokens=3, tree_accepted=4,
                           generated_tokens=30, request_passes=12, active_requests=1,
                           pool_ngrams=40, corpus_size=100)
     metrics.SnapshotWriter(config, rank=1).write(dataclasses.replace(rank0, steps=99))
@@ -53,6 +54,10 @@ def test_collector_reports_the_lowest_rank_of_each_engine(tmp_path, monkeypatch)
     assert exported[("vllm:lookahead_draft_tokens_total", (*labels, ("source", "pool")))] == 5
     assert exported[("vllm:lookahead_draft_tokens_total",
                      (*labels, ("source", "context")))] == 2
+    accepted = "vllm:lookahead_accepted_draft_tokens_total"
+    assert exported[(accepted, (*labels, ("source", "pool")))] == 3
+    assert exported[(accepted, (*labels, ("source", "tree")))] == 4
+    assert exported[(accepted, (*labels, ("source", "context")))] == 0
 
 
 def test_no_snapshots_without_an_instance_id_or_before_the_first_write(tmp_path, monkeypatch):

@@ -211,6 +211,19 @@ def test_short_context_match_is_filled_by_chained_pool_lookups():
     assert proposer.stats.suffix_tokens == 4 and proposer.stats.pool_tokens == 2
 
 
+def test_accepted_tokens_are_counted_by_the_source_that_drafted_them():
+    proposer, runner = make_proposer(k=6, ngram_size=3, cost_aware_drafts=False)
+    context = [20, 21, 22, 9, 20, 21]
+    batch = Batch(runner, {"a": context})
+    assert batch.propose(proposer, [[21]]) == [[22, 9, 20, 21, 22, 9]]  # 4 context, 2 pool
+    emitted = [22, 9, 20, 21, 22, 5]  # five accepted (the first pool token), a bonus token
+    batch.set({"a": context + emitted})
+    batch.propose(proposer, [emitted])
+    stats = proposer.stats
+    assert (stats.accepted_context_tokens, stats.accepted_pool_tokens) == (4, 1)
+    assert stats.accepted_corpus_tokens == stats.accepted_lattice_tokens == 0
+
+
 def test_empty_draft_when_nothing_matches():
     proposer, runner = make_proposer(k=4)
     batch = Batch(runner, {"a": [1, 2, 3, 4]})

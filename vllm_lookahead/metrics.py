@@ -72,8 +72,6 @@ LOOKAHEAD_COUNTERS = [
      "Draft tokens dropped because the step's compute could not afford them."),
     ("vllm:lookahead_cut_draft_tokens_matched", "cut_tokens_confirmed",
      "Cut draft tokens that the generated text then matched (acceptance the cut gave up)."),
-    ("vllm:lookahead_tree_accepted_tokens", "tree_accepted",
-     "Accepted tokens that were tree nodes off the main draft."),
     ("vllm:lookahead_harvested_ngrams", "harvested_ngrams",
      "N-grams harvested from the target's predictions at draft positions (Jacobi)."),
 ]
@@ -83,16 +81,22 @@ LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_corpus_size_tokens", "corpus_size",
      "Tokens held in the cross-request response corpus."),
     ("vllm:lookahead_step_fixed_seconds", "step_fixed_seconds",
-     "Cost-aware cut: fitted seconds of a decode pass that do not depend on its tokens."),
+     "Cost-aware cut: fitted seconds of a decode step (start to start) that do not depend on its tokens."),
     ("vllm:lookahead_step_token_seconds", "step_token_seconds",
-     "Cost-aware cut: fitted seconds each scheduled token adds to a decode pass."),
+     "Cost-aware cut: fitted seconds each scheduled token adds to a decode step."),
     ("vllm:lookahead_free_tokens", "free_tokens",
      "Cost-aware cut: the fixed over the per-token cost, in tokens (+Inf: nothing is cut)."),
 ]
-#: Lookahead's draft tokens by where they came from (label ``source``): the hits of each.
+#: Lookahead's draft tokens by where they came from (label ``source``): proposed (after
+#: the cost-aware cut) and accepted, so that each source's precision can be read.
 DRAFT_TOKENS = ("vllm:lookahead_draft_tokens", "Draft tokens proposed, by source.")
 DRAFT_SOURCES = {"context": "suffix_tokens", "corpus": "corpus_tokens", "pool": "pool_tokens",
                  "lattice": "lattice_tokens"}
+ACCEPTED_TOKENS = ("vllm:lookahead_accepted_draft_tokens",
+                   "Draft tokens accepted, by source (tree: nodes off the main draft).")
+ACCEPTED_SOURCES = {"context": "accepted_context_tokens", "corpus": "accepted_corpus_tokens",
+                    "pool": "accepted_pool_tokens", "lattice": "accepted_lattice_tokens",
+                    "tree": "tree_accepted"}
 
 
 def exported_metrics() -> list[tuple[str, str, str, str]]:
@@ -101,7 +105,8 @@ def exported_metrics() -> list[tuple[str, str, str, str]]:
     The README's table and the Grafana dashboard are checked against it."""
     counters = [*((name, "method", text) for name, _, text in COUNTERS),
                 *((name, "", text) for name, _, text in LOOKAHEAD_COUNTERS),
-                (DRAFT_TOKENS[0], "source", DRAFT_TOKENS[1])]
+                (DRAFT_TOKENS[0], "source", DRAFT_TOKENS[1]),
+                (ACCEPTED_TOKENS[0], "accepted source", ACCEPTED_TOKENS[1])]
     gauges = [*((name, "method", text) for name, _, text in GAUGES),
               (COMPRESSION_RATIO[0], "method", COMPRESSION_RATIO[1]),
               *((name, "", text) for name, _, text in LOOKAHEAD_GAUGES)]
@@ -111,7 +116,8 @@ def exported_metrics() -> list[tuple[str, str, str, str]]:
 
 def metrics_table() -> str:
     """Markdown table of the exported metrics, for the README (kept in sync by a test)."""
-    values = {"method": "`method`", "source": f"`source`: {', '.join(DRAFT_SOURCES)}", "": ""}
+    values = {"method": "`method`", "source": f"`source`: {', '.join(DRAFT_SOURCES)}",
+              "accepted source": f"`source`: {', '.join(ACCEPTED_SOURCES)}", "": ""}
     rows = ["| metric | type | label | meaning |", "|---|---|---|---|"]
     rows += [f"| `{name}` | {kind} | {values[label]} | {text} |"
              for name, kind, label, text in exported_metrics()]
@@ -133,6 +139,12 @@ class ProposerStats:
     corpus_tokens: int = 0
     pool_tokens: int = 0
     lattice_tokens: int = 0  # from the lattice's top path (draft rescoring chose it)
+    # accepted main-draft tokens by source (``ACCEPTED_SOURCES``; off the main draft:
+    # ``tree_accepted``)
+    accepted_context_tokens: int = 0
+    accepted_corpus_tokens: int = 0
+    accepted_pool_tokens: int = 0
+    accepted_lattice_tokens: int = 0
     #: verified off the main draft (lookahead: tree candidates and window; mtad: other beams)
     tree_nodes: int = 0
     tree_accepted: int = 0  # accepted tokens that were tree nodes off the main draft
@@ -275,11 +287,13 @@ class SnapshotCollector:
             return
         yield from families(LOOKAHEAD_COUNTERS, CounterMetricFamily, by_method=False)
         yield from families(LOOKAHEAD_GAUGES, GaugeMetricFamily, by_method=False)
-        family = CounterMetricFamily(*DRAFT_TOKENS, labels=["model_name", "engine", "source"])
-        for dp_rank, snapshot in snapshots.items():
-            for source, field in DRAFT_SOURCES.items():
-                family.add_metric([*labels(dp_rank), source], snapshot[field])
-        yield family
+        for (name, help_text), sources in ((DRAFT_TOKENS, DRAFT_SOURCES),
+                                           (ACCEPTED_TOKENS, ACCEPTED_SOURCES)):
+            family = CounterMetricFamily(name, help_text, labels=["model_name", "engine", "source"])
+            for dp_rank, snapshot in snapshots.items():
+                for source, field in sources.items():
+                    family.add_metric([*labels(dp_rank), source], snapshot[field])
+            yield family
 
 
 _collector: SnapshotCollector | None = None

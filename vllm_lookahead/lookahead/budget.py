@@ -3,7 +3,7 @@
 Every draft token is computed by the target. At batch size 1 a forward pass costs
 nearly the same for 1 or 20 tokens, so a draft token that is rarely accepted is
 still worth proposing; with 32 requests in the batch the pass is compute-bound and
-every token adds to its time. The proposer therefore fits the pass time against its
+every token adds to its time. The proposer therefore fits the step time against its
 token count online (``StepCostModel``: t = a + b n over recent passes) and keeps a
 draft token only while it raises the expected tokens per second of the whole step
 (``affordable_draft_lengths``).

@@ -57,8 +57,9 @@ class LookaheadOptions(MethodOptions):
     )
     cost_aware_drafts: bool = option_field(
         True, None,
-        "Under load, cut drafts to the tokens the step's compute affords: the decode pass "
-        "time is fitted online against its token count, and a draft token is kept only "
+        "Under load, cut drafts to the tokens the step's compute affords: the decode step "
+        "time (start to start) is fitted online against its token count, and a draft token "
+        "is kept only "
         "while its expected acceptance (its request's recent first-token acceptance times "
         "the worker's acceptance by draft position, both learned from every proposed "
         "draft, cut ones too, against the text then generated) raises the expected "

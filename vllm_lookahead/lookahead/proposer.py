@@ -32,7 +32,12 @@ from vllm_lookahead.lookahead.budget import (
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.drafts import Draft, DraftSources
 from vllm_lookahead.lookahead.state import RequestState, RequestStates
-from vllm_lookahead.metrics import DRAFT_SOURCES, ProposerStats, SnapshotWriter
+from vllm_lookahead.metrics import (
+    ACCEPTED_SOURCES,
+    DRAFT_SOURCES,
+    ProposerStats,
+    SnapshotWriter,
+)
 from vllm_lookahead.options import method_options
 from vllm_lookahead.worker import runner as runner_state
 from vllm_lookahead.worker import tree_step
@@ -209,6 +214,8 @@ class LookaheadProposer:
         state.lattice = None
         main_accepted, off_main = feedback.accepted_on_and_off_main(state, emitted)
         self._stats.tree_accepted += off_main
+        if state.draft_origin is not None:
+            self._count_by_source(state.draft_origin, main_accepted, ACCEPTED_SOURCES)
         tree_nodes = len(state.tree[0]) - 1 - len(state.draft) if state.tree else 0
         self._tree_yield.add_pass(accepted + 1, tree_nodes, accepted - main_accepted)
         if verified is not None and feedback.is_our_draft(state, verified.draft):
@@ -257,8 +264,11 @@ class LookaheadProposer:
                 rows, states, drafts, token_ids_cpu, num_tokens, free_tokens,
                 self._tree_yield, self.options, self.max_model_len)
         for state, draft in zip(states, main):
-            state.draft = draft.tokens
-            self._count_draft(draft)
+            state.draft, state.draft_origin = draft.tokens, draft
+            if draft.tokens:
+                self._stats.drafts += 1
+                self._stats.draft_tokens += len(draft.tokens)
+                self._count_by_source(draft, len(draft.tokens), DRAFT_SOURCES)
         return drafts
 
     def _step_budget(self) -> float | None:
@@ -271,14 +281,11 @@ class LookaheadProposer:
         return runner_state.broadcast_from_first_tp_rank(
             model.free_tokens() if model.has_samples else None)
 
-    def _count_draft(self, draft: Draft) -> None:
-        if not draft.tokens:
-            return
-        self._stats.drafts += 1
-        self._stats.draft_tokens += len(draft.tokens)
-        for source, count in draft.tokens_by_source().items():
-            field = DRAFT_SOURCES[source]
-            setattr(self._stats, field, getattr(self._stats, field) + count)
+    def _count_by_source(self, draft: Draft, count: int, fields: dict[str, str]) -> None:
+        """Add the draft's first ``count`` tokens to the stats ``fields`` of their sources."""
+        for source, tokens in draft.tokens_by_source(count).items():
+            field = fields[source]
+            setattr(self._stats, field, getattr(self._stats, field) + tokens)
 
 
 class CutLog:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.worker import runner as runner_state
+
+if TYPE_CHECKING:  # drafts.py imports this module
+    from vllm_lookahead.lookahead.sources.drafts import Draft
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class RequestState:
     output: list[int] = field(default_factory=list)  # for the corpus when finished
     pending_token: int = -1  # last context token when the draft below was proposed
     draft: list[int] = field(default_factory=list)
+    draft_origin: Draft | None = None  # where ``draft``'s tokens came from
     max_draft: int = 0  # K, or the request's own lower bound (extra_args)
     draft_min_prob: float = 0.0  # the option, or the request's own value
     draft_limit: int = 0  # current draft length bound (adaptive), <= max_draft

@@ -24,12 +24,15 @@ class Draft:
     matched: int = 0
     from_lattice: int = 0
 
-    def tokens_by_source(self) -> dict[str, int]:
-        """Tokens per source, for what is left of the draft (it may have been cut)."""
-        matched = min(self.matched, len(self.tokens))
-        from_lattice = min(self.from_lattice, len(self.tokens) - matched)
+    def tokens_by_source(self, count: int | None = None) -> dict[str, int]:
+        """Tokens per source among the draft's first ``count`` tokens (all that is left
+        of it, by default: it may have been cut); ``count`` accepted tokens, after
+        verification."""
+        count = len(self.tokens) if count is None else min(count, len(self.tokens))
+        matched = min(self.matched, count)
+        from_lattice = min(self.from_lattice, count - matched)
         return {self.match_source: matched, "lattice": from_lattice,
-                "pool": len(self.tokens) - matched - from_lattice}
+                "pool": count - matched - from_lattice}
 
 
 class DraftSources:
