@@ -106,6 +106,14 @@ def test_trees_under_chunked_prefill_and_preemption_match_plain_decoding(
     assert after.tree_nodes > before.tree_nodes
 
 
+def test_prefix_cache_resets_with_scratch_blocks_held(tree_llm, llama_reference):
+    # vLLM refuses a reset while any block is in use; the held scratch blocks must be
+    # back in our hands afterwards, or requests in this tight KV pool would take them
+    # while trees write their branches there
+    assert tree_llm.reset_prefix_cache()
+    assert generate(tree_llm, make_prompts(), greedy()) == llama_reference
+
+
 def test_tree_samples_follow_the_target_distribution(llama_path, plain_samples):
     prompt, reference = plain_samples
     # few requests per step: every step's trees fit the held-back scratch blocks

@@ -1,5 +1,6 @@
 """The engine core's part of tree verification and MTAD drafting: scratch blocks
-(``scratch.py``) are taken out of vLLM's KV block pool for good; MTAD's requests get
+(``scratch.py``) are taken out of vLLM's KV block pool for good (handed back only for
+the moment of a prefix-cache reset); MTAD's requests get
 lookahead slots past their scheduled tokens for the auxiliary model's draft (γ tokens,
 not vLLM's ``num_speculative_tokens``, which is γ × B with ``candidates`` other than
 ``"best"``)."""
@@ -62,8 +63,27 @@ def hold_back_blocks(original):
                               config.kv_cache_groups[0].kv_cache_spec.block_size).all
         if held:
             pool = self.kv_cache_manager.block_pool
-            pool.touch([pool.blocks[i] for i in held])
+            blocks = [pool.blocks[i] for i in held]
+            pool.touch(blocks)
+            _release_while_resetting(pool, blocks)
             logger.info("vllm-lookahead: %d KV blocks held back for tree branches and "
                         "beams", len(held))
 
     return __init__
+
+
+def _release_while_resetting(pool: Any, held: list[Any]) -> None:
+    """Wrap ``pool.reset_prefix_cache`` (instance attribute): vLLM refuses to reset the
+    prefix cache while any block is in use, and held blocks always are. They are handed
+    back for the reset and taken again at once; the reset allocates nothing, so the
+    same blocks come back, and the workers' scratch ids stay right."""
+    original = pool.reset_prefix_cache
+
+    def reset_prefix_cache(*args, **kwargs):
+        pool.free_blocks(held)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            pool.touch(held)
+
+    pool.reset_prefix_cache = reset_prefix_cache
