@@ -81,7 +81,8 @@ LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_corpus_size_tokens", "corpus_size",
      "Tokens held in the cross-request response corpus."),
     ("vllm:lookahead_step_fixed_seconds", "step_fixed_seconds",
-     "Cost-aware cut: fitted seconds of a decode step (start to start) that do not depend on its tokens."),
+     "Cost-aware cut: fitted seconds of a decode step (start to start) that do not depend "
+     "on its tokens."),
     ("vllm:lookahead_step_token_seconds", "step_token_seconds",
      "Cost-aware cut: fitted seconds each scheduled token adds to a decode step."),
     ("vllm:lookahead_free_tokens", "free_tokens",
@@ -289,7 +290,8 @@ class SnapshotCollector:
         yield from families(LOOKAHEAD_GAUGES, GaugeMetricFamily, by_method=False)
         for (name, help_text), sources in ((DRAFT_TOKENS, DRAFT_SOURCES),
                                            (ACCEPTED_TOKENS, ACCEPTED_SOURCES)):
-            family = CounterMetricFamily(name, help_text, labels=["model_name", "engine", "source"])
+            family = CounterMetricFamily(name, help_text,
+                                         labels=["model_name", "engine", "source"])
             for dp_rank, snapshot in snapshots.items():
                 for source, field in sources.items():
                     family.add_metric([*labels(dp_rank), source], snapshot[field])

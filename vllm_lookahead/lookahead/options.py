@@ -59,13 +59,12 @@ class LookaheadOptions(MethodOptions):
         True, None,
         "Under load, cut drafts to the tokens the step's compute affords: the decode step "
         "time (start to start) is fitted online against its token count, and a draft token "
-        "is kept only "
-        "while its expected acceptance (its request's recent first-token acceptance times "
-        "the worker's acceptance by draft position, both learned from every proposed "
-        "draft, cut ones too, against the text then generated) raises the expected "
-        "tokens per second of the whole step. At batch size 1 it rarely cuts. Tree nodes "
-        "(tree_candidates, tree_window) are added only from what is left, at their cost "
-        "per node and tree.",
+        "is kept only while its expected acceptance (its request's recent first-token "
+        "acceptance times the worker's acceptance by draft position, both learned from "
+        "every proposed draft, cut ones too, against the text then generated) raises the "
+        "expected tokens per second of the whole step. At batch size 1 it rarely cuts. "
+        "Tree nodes (tree_candidates, tree_window) are added only from what is left, at "
+        "their cost per node and tree.",
     )
     corpus_tokens: int = option_field(
         262144, 0,
