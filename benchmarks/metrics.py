@@ -72,6 +72,7 @@ def _row(m: dict, group: str, requests: list[dict]) -> dict:
         **acceptance(counters),
         **latency_stats(requests),
         **_proposer(m if whole else None),
+        "accepted_share_by_source": _accepted_shares(m if whole else None),
     }
 
 
@@ -115,20 +116,21 @@ def latency_stats(requests: list[dict]) -> dict:
 
 
 def _proposer(m: dict | None) -> dict:
-    """The drafter's time per engine step and its share of the mean engine step; the
-    share of accepted draft tokens by source (lookahead)."""
-    stats = (m and m.get("proposer")) or {}
-    by_source = stats.get("accepted_by_source")
-    total = sum(by_source.values()) if by_source else 0
-    shares = {"accepted_share_by_source":
-              {source: count / total for source, count in by_source.items()} if total else None}
-    if not stats.get("steps") or not m.get("engine_steps"):
-        return {"proposer_ms_per_step": None, "mean_step_ms": None, "proposer_share": None,
-                **shares}
+    """The drafter's time per engine step, and its share of the mean engine step."""
+    stats = m and m.get("proposer")
+    if not stats or not stats.get("steps") or not m.get("engine_steps"):
+        return {"proposer_ms_per_step": None, "mean_step_ms": None, "proposer_share": None}
     per_step = stats["seconds"] / stats["steps"] * 1e3
     mean_step = m["wall_seconds"] / m["engine_steps"] * 1e3
     return {"proposer_ms_per_step": per_step, "mean_step_ms": mean_step,
-            "proposer_share": per_step / mean_step, **shares}
+            "proposer_share": per_step / mean_step}
+
+
+def _accepted_shares(m: dict | None) -> dict[str, float] | None:
+    """Lookahead's accepted draft tokens by source, as shares of all of them."""
+    by_source = ((m and m.get("proposer")) or {}).get("accepted_by_source")
+    total = sum(by_source.values()) if by_source else 0
+    return {source: count / total for source, count in by_source.items()} if total else None
 
 
 def equality(requests: list[dict], reference: dict[tuple[str, int], list[int]]) -> dict:

@@ -68,7 +68,7 @@ class LookaheadProposer:
         self.cost_model = StepCostModel()
         self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
         self._tree_yield = TreeYield()
-        #: times decode passes for the cost model (replaced by a simulated clock in
+        #: times decode steps for the cost model (replaced by a simulated clock in
         #: benchmarks/replay.py and the tests)
         self.clock = time.perf_counter
         self._step_start: tuple[float, int] | None = None
