@@ -37,6 +37,9 @@ import numpy as np
 from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 MAX_MODEL_LEN = 8192
+#: Vocabulary size given to lookahead's recycled top-k table: larger than any traced
+#: tokenizer's (a replay has no target predictions, so the table stays empty).
+REPLAY_VOCAB_SIZE = 1 << 18
 
 
 @dataclass
@@ -167,7 +170,8 @@ class LookaheadReplayer(Replayer):
             requests={})
         config = SimpleNamespace(
             speculative_config=SimpleNamespace(num_speculative_tokens=self.k),
-            model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+            model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN,
+                                         get_vocab_size=lambda: REPLAY_VOCAB_SIZE),
             scheduler_config=SimpleNamespace(max_num_seqs=1),
             additional_config={ADDITIONAL_CONFIG_KEY: options})
         self.proposer = LookaheadProposer(config)

@@ -141,7 +141,8 @@ def fake_vllm_config(k, max_model_len, additional_config=None, instance_id=""):
 
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
-        model_config=SimpleNamespace(max_model_len=max_model_len, served_model_name="m"),
+        model_config=SimpleNamespace(max_model_len=max_model_len, served_model_name="m",
+                                     get_vocab_size=lambda: 1024),
         scheduler_config=SimpleNamespace(max_num_seqs=8),
         parallel_config=SimpleNamespace(data_parallel_rank=0),
         additional_config=additional_config or {},

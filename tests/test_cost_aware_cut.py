@@ -79,7 +79,7 @@ def test_drafts_that_are_rarely_right_are_cut_to_almost_nothing():
     _, _, default = replayed(DEFAULT, requests, EXPENSIVE)
     _, _, uncut = replayed(UNCUT, requests, EXPENSIVE)
     no_speculation = 1 / EXPENSIVE(1)
-    assert uncut["drafted"] > 3 and uncut["tokens/s"] < 0.75 * no_speculation
+    assert uncut["drafted"] > 2.5 and uncut["tokens/s"] < 0.75 * no_speculation
     assert default["drafted"] < 0.25
     assert default["tokens/s"] >= 0.97 * no_speculation
 

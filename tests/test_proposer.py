@@ -15,12 +15,14 @@ from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.proposer import LookaheadProposer
 from vllm_lookahead.lookahead.sources.context import suffix_match
 from vllm_lookahead.lookahead.sources.corpus import ResponseCorpus
+from vllm_lookahead.lookahead.sources.drafts import TokenAcceptance
 from vllm_lookahead.lookahead.sources.pool import NgramPool
+from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
 from vllm_lookahead.lookahead.state import DRAFT_LIMIT_MARGIN, RequestState
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 from vllm_lookahead.worker.runner import is_decode_only
-from vllm_lookahead.worker.sampler import capture_verification
+from vllm_lookahead.worker.sampler import _observe_last_positions, capture_verification
 from vllm_lookahead.tree import path_by_tokens
 from vllm_lookahead.worker.hooks import VerificationCapture
 
@@ -194,6 +196,35 @@ def test_finished_outputs_help_later_requests_but_preempted_ones_do_not():
     batch.set({"d": [5, 60, 61]}, {0: 2})
     assert batch.propose(proposer, [[61]]) == [[]]  # b's partial output was not kept
     assert proposer.stats.corpus_tokens == 2
+
+
+def test_corpus_drafts_are_as_long_as_their_measured_acceptance_affords():
+    acceptance = TokenAcceptance()
+    assert acceptance.tokens_above(0.1) == 8  # the prior, 3/4 per token: 0.75^8 >= 0.1
+    for _ in range(30):  # one of two reached corpus tokens accepted
+        acceptance.add(reached=2, accepted=1)
+    assert 0.5 < acceptance.rate < 0.55 and acceptance.tokens_above(0.1) == 3
+    for _ in range(200):
+        acceptance.add(reached=10, accepted=10)
+    assert acceptance.tokens_above(0.1) > 24
+
+
+def test_rejected_corpus_drafts_shorten_the_next_ones():
+    proposer, runner = make_proposer(k=12, ngram_size=2, guess_set_size=0,
+                                     cost_aware_drafts=False, adaptive_draft_length=False)
+    batch = Batch(runner, {"a": [1, 2, 3] + list(range(40, 60))}, {0: 3})
+    batch.propose(proposer, [[59]])
+    proposer.on_requests_removed({"a"}, set())
+    drafts = []
+    for i in range(8):  # requests the corpus drafts for; the target rejects its 2nd token
+        request, context = f"c{i}", [1 + i, 40, 41]
+        batch.set({request: context}, {0: 2})
+        drafts.append(batch.propose(proposer, [[41]])[0])
+        batch.set({request: context + [42, 7]}, {0: 2})
+        batch.propose(proposer, [[42, 7]])
+        proposer.on_requests_removed(set(), {request})  # preempted: not in the corpus
+    assert drafts[0] == list(range(42, 50))  # 8 tokens at the prior
+    assert drafts[-1] == [42, 43, 44]
 
 
 def test_draft_prefers_context_match():
@@ -386,6 +417,82 @@ def test_rescoring_ranks_pool_entries_by_frequency_and_lattice_probability():
     state.lattice = [[3, 1], [4, 2]], [[-0.69, -0.70], [-0.69, -0.70]]
     assert rescored(state.pool, state.lattice, 9, opts.guess_set_size,
                     opts.ngram_size)[0][0] == (1, 2)
+
+
+def top_k(ids, probs):
+    """Top-k ids and log-probabilities as the sampler hooks capture them."""
+    return torch.tensor(ids), torch.tensor(probs).log()
+
+
+def test_recycled_table_chains_the_targets_most_likely_next_tokens():
+    table = RecycledTopK(vocab_size=16, top_k=2)
+    ids, logprobs = top_k([[4, 9], [5, 9], [3, 9], [1, 2]], [[.9, .1], [.8, .1], [.5, .4], [.9, .1]])
+    table.update(np.array([3, 4, 5, 99]), ids.numpy(), logprobs.numpy())  # 99: not a token
+    tokens, prob = table.chain(3, 10, 1.0, 0.3)
+    assert tokens == [4, 5, 3, 4] and prob == pytest.approx(.9 * .8 * .5 * .9)
+    assert table.chain(3, 2, 1.0, 0.0)[0] == [4, 5]  # the limit
+    assert table.chain(7, 4, 1.0, 0.0)[0] == []  # never seen
+    table.update(np.array([4]), *(t.numpy() for t in top_k([[6, 5]], [[.7, .2]])))
+    assert table.chain(3, 3, 1.0, 0.0)[0] == [4, 6]  # the latest prediction wins
+
+
+def test_every_input_position_of_a_pass_is_recycled():
+    proposer, runner = make_proposer(k=4, ngram_size=3, suffix_match_min=2)
+    context = [40, 41, 42, 43, 44, 30, 40, 41]
+    batch = Batch(runner, {"a": context, "b": [5, 6], "c": [1, 2]})
+    drafts = batch.propose(proposer, [[41], [6], []])  # c: a partial prefill chunk
+    assert drafts == [[42, 43, 44, 30], [], []]
+    # the pass: after 41 (the root) the target predicts 42, after 42 50, ... after the
+    # last draft token 30, 53 (its last position); b's last position (root 6) says 7
+    top_ids = [[42, 1], [50, 1], [51, 1], [52, 1]]
+    proposer.on_verification(capture([drafts[0], [], []], [[42, 50, 51, 52]], [53, 7, 9],
+                                     top_ids, np.log([[.6, .1]] * 4).tolist()))
+    proposer.on_last_top_k(*top_k([[53, 1], [7, 1], [9, 1]], [[.6, .1]] * 3))
+    batch.set({"a": context + [42, 50], "b": [5, 6, 7], "c": [1, 2]})
+    batch.propose(proposer, [[42, 50], [7], []])
+    assert proposer.stats.recycled_rows == 6
+    next_tokens, _ = proposer._sources.recycled.storage
+    assert next_tokens[[41, 42, 43, 44, 30, 6], 0].tolist() == [42, 50, 51, 52, 53, 7]
+    assert next_tokens[2, 0] == -1  # c's position: mid-prompt, no token emitted
+
+
+@pytest.mark.parametrize("min_prob, expected", [(0.1, [4, 5, 3, 4]), (0.5, [4, 5])])
+def test_recycled_top_k_continues_drafts_nothing_else_continues(min_prob, expected):
+    proposer, runner = make_proposer(k=4, guess_set_size=0, suffix_match_min=3,
+                                     draft_min_prob=min_prob)
+    context = [1, 2, 3]
+    batch = Batch(runner, {"a": context})
+    assert batch.propose(proposer, [[3]]) == [[]]
+    # plain decoding passes: after 3 the target's top token is 4 (p .9), after 4 5, after 5 3
+    for successor, prob in [(4, .9), (5, .8), (3, .5)]:
+        proposer.on_last_top_k(*top_k([[successor, 0]], [[prob, .01]]))
+        context = context + [successor]
+        batch.set({"a": context})
+        draft = batch.propose(proposer, [[successor]])
+    assert draft == [expected]
+    assert proposer.stats.recycled_tokens == len(expected)
+
+
+def test_last_position_top_k_is_taken_before_the_sampler_changes_the_logits():
+    class Drafter:
+        capture_last_top_k = 2
+
+        def on_last_top_k(self, top_ids, top_logprobs):
+            self.seen = top_ids.tolist(), top_logprobs
+
+    class Sampler:
+        def forward(self, logits, sampling_metadata):
+            logits[:, 0] = 100.0  # vLLM processes logits in place (temperature, penalties)
+            return "sampled"
+
+    sampler, drafter = Sampler(), Drafter()
+    _observe_last_positions(sampler, drafter)
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
+    assert sampler.forward(logits=logits, sampling_metadata=None) == "sampled"
+    expected_logprobs, expected_ids = torch.log_softmax(
+        torch.tensor([[0.0, 2.0, 1.0, -1.0]]), -1).topk(2, -1)
+    assert drafter.seen[0] == expected_ids.tolist() == [[1, 2]]
+    assert torch.allclose(drafter.seen[1], expected_logprobs)
 
 
 def test_capture_top_k_log_probabilities():

@@ -92,12 +92,12 @@ LOOKAHEAD_GAUGES = [
 #: the cost-aware cut) and accepted, so that each source's precision can be read.
 DRAFT_TOKENS = ("vllm:lookahead_draft_tokens", "Draft tokens proposed, by source.")
 DRAFT_SOURCES = {"context": "suffix_tokens", "corpus": "corpus_tokens", "pool": "pool_tokens",
-                 "lattice": "lattice_tokens"}
+                 "lattice": "lattice_tokens", "recycled": "recycled_tokens"}
 ACCEPTED_TOKENS = ("vllm:lookahead_accepted_draft_tokens",
                    "Draft tokens accepted, by source (tree: nodes off the main draft).")
 ACCEPTED_SOURCES = {"context": "accepted_context_tokens", "corpus": "accepted_corpus_tokens",
                     "pool": "accepted_pool_tokens", "lattice": "accepted_lattice_tokens",
-                    "tree": "tree_accepted"}
+                    "recycled": "accepted_recycled_tokens", "tree": "tree_accepted"}
 
 
 def exported_metrics() -> list[tuple[str, str, str, str]]:
@@ -140,18 +140,21 @@ class ProposerStats:
     corpus_tokens: int = 0
     pool_tokens: int = 0
     lattice_tokens: int = 0  # from the lattice's top path (draft rescoring chose it)
+    recycled_tokens: int = 0  # from the target's recycled top-k (Token Recycling)
     # accepted main-draft tokens by source (``ACCEPTED_SOURCES``; off the main draft:
     # ``tree_accepted``)
     accepted_context_tokens: int = 0
     accepted_corpus_tokens: int = 0
     accepted_pool_tokens: int = 0
     accepted_lattice_tokens: int = 0
+    accepted_recycled_tokens: int = 0
     #: verified off the main draft (lookahead: tree candidates and window; mtad: other beams)
     tree_nodes: int = 0
     tree_accepted: int = 0  # accepted tokens that were tree nodes off the main draft
     tree_branches: int = 0  # runs off the first chain, verified as sequences of their own
     tree_fallbacks: int = 0  # trees verified as linear drafts (scratch blocks ran out)
     harvested_ngrams: int = 0
+    recycled_rows: int = 0  # top-k rows written into the recycled table
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)
     active_requests: int = 0

@@ -1,11 +1,16 @@
 """What one verification pass tells the proposer about each request: which of its draft
 tokens were accepted, and the target's predictions at every draft position (one
-Jacobi iteration), harvested into the request's n-gram pool."""
+Jacobi iteration), harvested into the request's n-gram pool, and at every input
+position, recycled into the worker's top-k table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
+from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.state import RequestState
 from vllm_lookahead.tree import path_by_tokens
 from vllm_lookahead.worker.hooks import VerificationCapture
@@ -22,24 +27,29 @@ class Verified:
     top_ids: list[list[int]] | None
     top_logprobs: list[list[float]] | None
 
-    def lattice_after(self, accepted: int) -> tuple[list[list[int]], list[list[float]]] | None:
-        """Columns for the tokens after the bonus token: the positions past the rejected
-        draft token, where the target predicted with the rejected tokens as context
-        (Jacobi guesses); None after a full acceptance or without a capture."""
+    def lattice_after(self, accepted: int, top_k: int
+                      ) -> tuple[list[list[int]], list[list[float]]] | None:
+        """Columns of ``top_k`` tokens for the tokens after the bonus token: the
+        positions past the rejected draft token, where the target predicted with the
+        rejected tokens as context (Jacobi guesses); None after a full acceptance or
+        without a capture."""
         if self.top_ids is None or accepted + 1 >= len(self.draft):
             return None
-        return self.top_ids[accepted + 1 :], self.top_logprobs[accepted + 1 :]
+        return ([column[:top_k] for column in self.top_ids[accepted + 1 :]],
+                [column[:top_k] for column in self.top_logprobs[accepted + 1 :]])
 
 
-def verified_rows(capture: VerificationCapture | None, num_rows: int) -> dict[int, Verified]:
-    """The capture's rows that verified a draft, by input-batch row."""
+def verified_rows(capture: VerificationCapture | None, num_rows: int,
+                  with_top_k: bool = False) -> dict[int, Verified]:
+    """The capture's rows that verified a draft, by input-batch row (``with_top_k``:
+    with the captured top-k)."""
     if capture is None or len(capture.num_draft_tokens) != num_rows:  # e.g. a dummy run
         return {}
     drafts = capture.draft_token_ids.tolist()
     argmax = capture.target_argmax.tolist()
     bonus = capture.bonus_token_ids.tolist()
     top_ids = top_logprobs = None
-    if capture.target_top_ids is not None:
+    if with_top_k and capture.target_top_ids is not None:
         top_ids = capture.target_top_ids.tolist()
         top_logprobs = capture.target_top_logprobs.tolist()
     rows, offset = {}, 0
@@ -95,3 +105,47 @@ def harvest(state: RequestState, verified: Verified, accepted: int, ngram_size: 
         state.pool.add(inputs[i], tuple(predictions[i : i + span]))
         harvested += 1
     return harvested
+
+
+def recycle(table: RecycledTopK, capture: VerificationCapture | None,
+            last_top_k: tuple[torch.Tensor, torch.Tensor] | None,
+            sampled_token_ids: list[list[int]], num_tokens: np.ndarray,
+            token_ids_cpu: np.ndarray) -> int:
+    """Feed ``table`` the target's top-k after every input token of the pass (Token
+    Recycling); returns how many tokens got new rows.
+
+    A row's inputs are its root (the token before the ones it emitted) and its draft
+    tokens, tree nodes included: input j's prediction is the capture's draft position
+    j, the last input's is ``last_top_k`` (the position vLLM sampled from). Partial
+    prefill chunks and passes the captures do not match (e.g. a warm-up run) are
+    skipped.
+    """
+    num_rows = len(sampled_token_ids)
+    if last_top_k is None or last_top_k[0].shape[0] != num_rows:
+        return 0
+    drafted = [0] * num_rows
+    if capture is not None:
+        if len(capture.num_draft_tokens) != num_rows or capture.target_top_ids is None:
+            return 0
+        drafted = capture.num_draft_tokens
+        draft_tokens = capture.draft_token_ids.cpu().numpy()
+    offsets = np.cumsum([0, *drafted])
+    inputs, positions, last_inputs, last_rows = [], [], [], []
+    for row, emitted in enumerate(sampled_token_ids):
+        if not emitted:
+            continue
+        root = int(token_ids_cpu[row, int(num_tokens[row]) - len(emitted) - 1])
+        begin, end = int(offsets[row]), int(offsets[row + 1])
+        row_inputs = [root, *draft_tokens[begin:end].tolist()] if end > begin else [root]
+        inputs.extend(row_inputs[:-1])
+        positions.extend(range(begin, end))
+        last_inputs.append(row_inputs[-1])
+        last_rows.append(row)
+    if positions:
+        table.update(np.array(inputs, dtype=np.int64),
+                     capture.target_top_ids[positions].cpu().numpy(),
+                     capture.target_top_logprobs[positions].float().cpu().numpy())
+    last_ids, last_logprobs = last_top_k
+    table.update(np.array(last_inputs, dtype=np.int64), last_ids[last_rows].cpu().numpy(),
+                 last_logprobs[last_rows].cpu().numpy())
+    return len(inputs) + len(last_inputs)

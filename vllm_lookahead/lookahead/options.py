@@ -81,6 +81,15 @@ class LookaheadOptions(MethodOptions):
         "the correction token among the pool's entries and the lattice's top path by "
         "pool frequency times lattice probability; 0 turns it off.",
     )
+    recycle_top_k: int = option_field(
+        8, 0,
+        "Token Recycling: keep the target's top-k next tokens after every token it has "
+        "seen in any pass (draft positions, rejected ones too, and the sampled position; "
+        "vocabulary x k per worker, shared by its requests) and continue a draft the "
+        "context match and the pool cannot continue along the target's most likely next "
+        "token, while the draft's probability estimate (times the target's probabilities) "
+        "stays at or above draft_min_prob; 0 turns it off.",
+    )
     tree_candidates: int = option_field(
         0, 0,
         "Tree drafts: the pool's most frequent continuations of the last token verified "

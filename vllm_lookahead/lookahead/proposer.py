@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from vllm_lookahead.lookahead import feedback, trees
 from vllm_lookahead.lookahead.budget import (
@@ -57,14 +58,19 @@ class LookaheadProposer:
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.options = method_options(vllm_config, LookaheadOptions)
-        self.capture_top_k = self.options.rescoring_top_k
+        #: the target's top-k captured at draft positions (rescoring's lattice, recycling)
+        self.capture_top_k = max(self.options.rescoring_top_k, self.options.recycle_top_k)
+        #: ... and at each row's last position, every pass (recycling)
+        self.capture_last_top_k = self.options.recycle_top_k
         self._stats = ProposerStats()
         self._snapshots = SnapshotWriter(vllm_config, runner_state.worker_rank())
         self._runner: Any = None
         self._states = RequestStates(self.options, self.num_speculative_tokens)
         self._sources = DraftSources(self.options, self.num_speculative_tokens,
-                                     vllm_config.scheduler_config.max_num_seqs)
+                                     vllm_config.scheduler_config.max_num_seqs,
+                                     vllm_config.model_config.get_vocab_size())
         self._capture: VerificationCapture | None = None
+        self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cost_model = StepCostModel()
         self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
         self._tree_yield = TreeYield()
@@ -107,6 +113,9 @@ class LookaheadProposer:
 
     def on_verification(self, capture: VerificationCapture) -> None:
         self._capture = capture
+
+    def on_last_top_k(self, top_ids: torch.Tensor, top_logprobs: torch.Tensor) -> None:
+        self._last_top_k = (top_ids, top_logprobs)
 
     def on_step_start(self, num_scheduled_tokens: int, decode_only: bool) -> None:
         """The runner starts a step: the time since the last step started is that
@@ -175,8 +184,16 @@ class LookaheadProposer:
         req_ids = runner_state.request_ids(self._runner)
         self._states.drop_forgotten(runner_state.live_request_ids(self._runner))
         capture, self._capture = self._capture, None
-        wanted = self.options.harvest_jacobi or self.capture_top_k or self.options.tree_window
-        verified = feedback.verified_rows(capture, len(sampled_token_ids)) if wanted else {}
+        last_top_k, self._last_top_k = self._last_top_k, None
+        if self._sources.recycled is not None:
+            self._stats.recycled_rows += feedback.recycle(
+                self._sources.recycled, capture, last_top_k, sampled_token_ids,
+                num_tokens_no_spec, token_ids_cpu)
+        wanted = (self.options.harvest_jacobi or self.options.rescoring_top_k
+                  or self.options.tree_window)
+        verified = (feedback.verified_rows(capture, len(sampled_token_ids),
+                                           with_top_k=bool(self.options.rescoring_top_k))
+                    if wanted else {})
         if self.options.cost_aware_drafts:
             self._depth_acceptance.decay()
         rows, states = [], []
@@ -216,6 +233,7 @@ class LookaheadProposer:
         self._stats.tree_accepted += off_main
         if state.draft_origin is not None:
             self._count_by_source(state.draft_origin, main_accepted, ACCEPTED_SOURCES)
+            self._sources.learn(state.draft_origin, main_accepted)
         tree_nodes = len(state.tree[0]) - 1 - len(state.draft) if state.tree else 0
         self._tree_yield.add_pass(accepted + 1, tree_nodes, accepted - main_accepted)
         if verified is not None and feedback.is_our_draft(state, verified.draft):
@@ -223,8 +241,8 @@ class LookaheadProposer:
                 self._stats.harvested_ngrams += feedback.harvest(
                     state, verified, main_accepted, self.options.ngram_size,
                     self.options.window_size)
-            if self.capture_top_k:
-                state.lattice = verified.lattice_after(accepted)
+            if self.options.rescoring_top_k:
+                state.lattice = verified.lattice_after(accepted, self.options.rescoring_top_k)
             if state.window_columns:
                 self._stats.harvested_ngrams += trees.slide_window(state, verified.predictions)
         # by all accepted tokens: a branch that won says the text is predictable now,

@@ -47,6 +47,9 @@ class DrafterHooks(Protocol):
 
     #: the target's top-k the drafter wants captured at every draft position (0: argmax)
     capture_top_k: int
+    #: the target's top-k the drafter wants at each row's last position, the one vLLM
+    #: samples the next (bonus) token from, in every pass, drafts or none (0: none)
+    capture_last_top_k: int
     #: replaces vLLM's verification (MTAD's joint rule), or None
     acceptance_rule: AcceptanceRule | None
 
@@ -61,6 +64,10 @@ class DrafterHooks(Protocol):
 
     def on_verification(self, capture: VerificationCapture) -> None:
         """The target's predictions at every draft position of the pass just verified."""
+
+    def on_last_top_k(self, top_ids: torch.Tensor, top_logprobs: torch.Tensor) -> None:
+        """The target's top-k ids and log-probabilities (``[rows, k]``, rows in
+        input-batch order) at each row's last position of the pass just run."""
 
     def draft_tree(self, req_id: str, scheduled: list[int]) -> np.ndarray | None:
         """Parents of ``[root] + scheduled`` (the request's draft as vLLM scheduled

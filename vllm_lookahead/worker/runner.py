@@ -29,7 +29,7 @@ def binding_init(original):
             _observe_scheduler_output(self, drafter)
         if hook(drafter, "draft_tree"):
             tree_step.place_tree_nodes(self, drafter)
-        sampler.connect(drafter)
+        sampler.connect(self, drafter)
 
     return __init__
 

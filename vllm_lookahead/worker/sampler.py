@@ -1,5 +1,6 @@
-"""The sampler hook: capture the target's predictions at every draft position, hand
-verification to a drafter's own rule, verify tree drafts; and vLLM's CPU sampling fix.
+"""The sampler hooks: capture the target's predictions at every draft position and at
+each row's last position, hand verification to a drafter's own rule, verify tree
+drafts; and vLLM's CPU sampling fix.
 
 This module is the only reader of vLLM's ``sampling_metadata``.
 """
@@ -34,13 +35,34 @@ def install() -> None:
         logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
 
 
-def connect(drafter: Any) -> None:
-    """The runner's drafter observes verification and may replace vLLM's rule."""
+def connect(runner: Any, drafter: Any) -> None:
+    """The runner's drafter observes verification and the last positions' top-k, and
+    may replace vLLM's rule."""
     global _observer, _acceptance_rule
     if hook(drafter, "on_verification"):
         _observer = drafter
     if hook(drafter, "acceptance_rule") is not None:
         _acceptance_rule = drafter.acceptance_rule
+    if hook(drafter, "capture_last_top_k") and hook(drafter, "on_last_top_k"):
+        _observe_last_positions(runner.sampler, drafter)
+
+
+def _observe_last_positions(sampler: Any, drafter: Any) -> None:
+    """Wrap ``runner.sampler.forward`` (instance attribute; the rejection sampler samples
+    its bonus tokens with the same sampler): every pass, before vLLM processes the
+    logits in place, hand the drafter the target's top-k at each row's last position,
+    from the raw logits (no temperature or penalties)."""
+    original = sampler.forward
+
+    def forward(logits, *args, **kwargs):
+        top_k = min(drafter.capture_last_top_k, logits.shape[-1])
+        if top_k and logits.shape[0]:
+            values, top_ids = logits.topk(top_k, dim=-1)
+            logprobs = values.float() - logits.logsumexp(-1, keepdim=True).float()
+            drafter.on_last_top_k(top_ids, logprobs)
+        return original(logits, *args, **kwargs)
+
+    sampler.forward = forward
 
 
 def _hooked_rejection_sample(original):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.context import batch_suffix_match, warm_up_suffix_match
 from vllm_lookahead.lookahead.sources.corpus import ResponseCorpus
+from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
 from vllm_lookahead.lookahead.state import RequestState
 
@@ -16,12 +18,13 @@ from vllm_lookahead.lookahead.state import RequestState
 @dataclass
 class Draft:
     """A request's main draft and the origin of its tokens: first ``matched`` tokens
-    from ``match_source`` ("context" or "corpus"), then pool tokens, of which
-    ``from_lattice`` were the lattice's top path."""
+    from ``match_source`` ("context" or "corpus"), then ``from_pool`` pool tokens, of
+    which ``from_lattice`` were the lattice's top path, then recycled tokens."""
 
     tokens: list[int]
     match_source: str = "context"
     matched: int = 0
+    from_pool: int = 0
     from_lattice: int = 0
 
     def tokens_by_source(self, count: int | None = None) -> dict[str, int]:
@@ -30,17 +33,52 @@ class Draft:
         verification."""
         count = len(self.tokens) if count is None else min(count, len(self.tokens))
         matched = min(self.matched, count)
-        from_lattice = min(self.from_lattice, count - matched)
+        from_pool = min(self.from_pool, count - matched)
+        from_lattice = min(self.from_lattice, from_pool)
         return {self.match_source: matched, "lattice": from_lattice,
-                "pool": count - matched - from_lattice}
+                "pool": from_pool - from_lattice, "recycled": count - matched - from_pool}
+
+
+@dataclass
+class TokenAcceptance:
+    """A source's per-token acceptance: of its draft tokens that verification reached
+    (every token before them accepted), the share accepted. Counts decay by ``DECAY``
+    per verified draft, so the rate follows the text; the start is a prior of
+    ``accepted / reached``."""
+
+    DECAY = 0.98
+
+    accepted: float = 3.0
+    reached: float = 4.0
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.reached
+
+    def add(self, reached: int, accepted: int) -> None:
+        self.accepted = self.accepted * self.DECAY + accepted
+        self.reached = self.reached * self.DECAY + reached
+
+    def tokens_above(self, min_prob: float) -> int:
+        """How many of the source's tokens a draft holds before its probability
+        estimate (the rate per token) falls below ``min_prob``."""
+        if min_prob <= 0 or self.rate >= 1:
+            return 1 << 30
+        if self.rate <= 0:
+            return 0
+        return int(math.log(min_prob) / math.log(self.rate) + 1e-9)
 
 
 class DraftSources:
     """Builds each step's main drafts; holds the corpus and the batch's match buffers."""
 
-    def __init__(self, options: LookaheadOptions, max_draft: int, max_rows: int):
+    def __init__(self, options: LookaheadOptions, max_draft: int, max_rows: int,
+                 vocab_size: int):
         self.options = options
         self.corpus = ResponseCorpus(options.corpus_tokens)
+        self.corpus_acceptance = TokenAcceptance()
+        self.recycled = (RecycledTopK(vocab_size, options.recycle_top_k)
+                         if options.recycle_top_k else None)
         self._match_out = np.zeros((max_rows, max_draft), dtype=np.int32)
         self._match_count = np.zeros(max_rows, dtype=np.int64)
         self._match_len = np.zeros(max_rows, dtype=np.int64)
@@ -60,37 +98,58 @@ class DraftSources:
         drafts = []
         for b, (row, state) in enumerate(zip(rows, states)):
             limit = int(limits[b])
-            draft = self._matched_continuation(b, token_ids_cpu[row], int(num_tokens[b]), limit)
-            draft.from_lattice = self._fill_from_pool(state, draft.tokens, limit,
-                                                      self._match_estimate(b, draft))
+            draft = self._matched_continuation(b, token_ids_cpu[row], int(num_tokens[b]), limit,
+                                               state.draft_min_prob)
+            draft.from_lattice, prob = self._fill_from_pool(state, draft.tokens, limit,
+                                                            self._match_estimate(b, draft))
+            draft.from_pool = len(draft.tokens) - draft.matched
+            if self.recycled is not None and len(draft.tokens) < limit:
+                recycled, _ = self.recycled.chain(
+                    draft.tokens[-1] if draft.tokens else state.pending_token,
+                    limit - len(draft.tokens), prob, state.draft_min_prob)
+                draft.tokens.extend(recycled)
             drafts.append(draft)
         return drafts
 
     def _matched_continuation(self, b: int, tokens: np.ndarray, num_tokens: int,
-                              limit: int) -> Draft:
-        """The context's own match (batch slot ``b``) or a longer one in the corpus."""
+                              limit: int, min_prob: float) -> Draft:
+        """The context's own match (batch slot ``b``) or a longer one in the corpus,
+        as long as the corpus's measured acceptance keeps it above ``min_prob``."""
         opts = self.options
         own = self._match_out[b, : self._match_count[b]].tolist()
         own_length = self._match_len[b]
         if own_length < opts.suffix_match_max and len(self.corpus):
             suffix = tokens[max(0, num_tokens - opts.suffix_match_max) : num_tokens].tolist()
             length, continuation = self.corpus.match(
-                suffix, max(opts.suffix_match_min, 2), opts.suffix_match_max, limit)
-            if length > own_length:
+                suffix, max(opts.suffix_match_min, 2), opts.suffix_match_max,
+                min(limit, self.corpus_acceptance.tokens_above(min_prob)))
+            if length > own_length and continuation:
                 return Draft(continuation, "corpus", len(continuation))
         return Draft(own, "context", len(own))
 
     def _match_estimate(self, b: int, draft: Draft) -> float:
-        """Probability estimate of the match (a corpus match counts as certain)."""
-        if draft.match_source == "corpus" or not draft.tokens:
+        """Probability estimate of the match: the context's continuation frequencies,
+        the corpus's measured acceptance per token."""
+        if not draft.tokens:
             return 1.0
+        if draft.match_source == "corpus":
+            return self.corpus_acceptance.rate ** len(draft.tokens)
         return float(self._match_prob[b])
 
+    def learn(self, draft: Draft, accepted: int) -> None:
+        """Verification accepted the first ``accepted`` tokens of ``draft``."""
+        if draft.match_source != "corpus":
+            return
+        reached = draft.tokens_by_source(accepted + 1)["corpus"]
+        if reached:
+            self.corpus_acceptance.add(reached, draft.tokens_by_source(accepted)["corpus"])
+
     def _fill_from_pool(self, state: RequestState, draft: list[int], limit: int,
-                        prob: float) -> int:
+                        prob: float) -> tuple[int, float]:
         """Extend ``draft`` towards ``limit`` tokens by chained lookups in the request's
         pool while the draft's probability estimate stays at or above ``draft_min_prob``.
-        Returns how many of the added tokens are the lattice's path (draft rescoring)."""
+        Returns how many of the added tokens are the lattice's path (draft rescoring),
+        and the draft's probability estimate."""
         opts = self.options
         from_lattice = 0
         key = draft[-1] if draft else state.pending_token
@@ -109,4 +168,4 @@ class DraftSources:
             if is_lattice_path:
                 from_lattice = len(continuation)
         del draft[limit:]
-        return from_lattice
+        return from_lattice, prob
