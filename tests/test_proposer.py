@@ -579,6 +579,24 @@ def test_tree_drafts_hang_pool_candidates_and_the_window_below_the_main_draft():
     assert after.harvested_ngrams - before.harvested_ngrams >= 2  # one per window column
 
 
+def test_recycled_top_k_grows_below_the_root_best_first():
+    from vllm_lookahead.lookahead.trees import grow_recycled
+    from vllm_lookahead.tree import TreeBuilder
+
+    table = RecycledTopK(vocab_size=16, top_k=2)
+    successors = {5: ([1, 2], [.6, .3]), 1: ([3, 4], [.9, .05]), 2: ([6, 7], [.5, .4]),
+                  3: ([8, 9], [.5, .4])}
+    for token, (ids, probs) in successors.items():
+        table.update(np.array([token]), *(t.numpy() for t in top_k([ids], [probs])))
+    builder = TreeBuilder(root_token=5, max_nodes=12)
+    builder.add_chain([1, 3])  # the main draft
+    grow_recycled(builder, table, budget=3)
+    # by path probability: 1 (.6, the main draft's), 1-3 (.54, too), 2 (.3), 1-3-8
+    # (.27), 1-3-9 (.216); then the budget of 3 new nodes is spent
+    assert builder.tokens == [5, 1, 3, 2, 8, 9]
+    assert builder.parents == [-1, 0, 1, 0, 2, 2]
+
+
 def test_tree_options_per_request_are_bounded_by_the_server():
     with pytest.raises(ValueError, match=r"lookahead_tree_window must be an integer in "
                                          r"\[0, 4\] \(4 is the server's tree_window\)"):

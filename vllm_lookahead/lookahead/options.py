@@ -92,8 +92,10 @@ class LookaheadOptions(MethodOptions):
     )
     tree_candidates: int = option_field(
         0, 0,
-        "Tree drafts: the pool's most frequent continuations of the last token verified "
-        "beside the main draft in one pass (a token tree; its branches run through the "
+        "Tree drafts: the pool's most frequent continuations of the last token, and (with "
+        "recycle_top_k) up to as many (ngram_size - 1)-token chains' worth of nodes from "
+        "the target's recycled top-k, grown best-first by probability, verified beside "
+        "the main draft in one pass (a token tree; its branches run through the "
         "attention kernel as sequences of their own; CPU attention backend); trees are "
         "built while their measured yield pays for their compute. 0 verifies the main "
         "draft alone.",

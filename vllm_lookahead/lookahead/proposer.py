@@ -280,7 +280,7 @@ class LookaheadProposer:
         if self.trees_on:
             self._stats.tree_nodes += trees.grow_trees(
                 rows, states, drafts, token_ids_cpu, num_tokens, free_tokens,
-                self._tree_yield, self.options, self.max_model_len)
+                self._tree_yield, self.options, self.max_model_len, self._sources.recycled)
         for state, draft in zip(states, main):
             state.draft, state.draft_origin = draft.tokens, draft
             if draft.tokens:

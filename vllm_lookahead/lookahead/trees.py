@@ -1,9 +1,12 @@
 """Tree drafts: the main draft, then the pool's most frequent continuations of the last
-token (``tree_candidates``), then Lookahead Decoding's Jacobi window (``tree_window``),
-verified in one pass as a token tree (``worker/tree_step.py``)."""
+token and the target's recycled top-k grown best-first (``tree_candidates``), then
+Lookahead Decoding's Jacobi window (``tree_window``), verified in one pass as a token
+tree (``worker/tree_step.py``)."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import zlib
 
@@ -11,6 +14,7 @@ import numpy as np
 
 from vllm_lookahead.lookahead.budget import TreeYield
 from vllm_lookahead.lookahead.options import LookaheadOptions
+from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.state import RequestState
 from vllm_lookahead.tree import TreeBuilder
 
@@ -41,7 +45,8 @@ def tree_of(state: RequestState | None, scheduled: list[int]) -> np.ndarray | No
 
 def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[int]],
                token_ids_cpu: np.ndarray, num_tokens: np.ndarray, free_tokens: float | None,
-               tree_yield: TreeYield, options: LookaheadOptions, max_model_len: int) -> int:
+               tree_yield: TreeYield, options: LookaheadOptions, max_model_len: int,
+               recycled: RecycledTopK | None) -> int:
     """Turn each main draft (in ``drafts``, by row, replaced) into a token tree; returns
     the nodes added. Each request gets at most its K nodes. Trees are built only while
     they pay: a tree node must yield (accepted tokens off the main drafts per node,
@@ -80,6 +85,8 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
             candidates.sort(key=lambda item: -item[1])  # stable: newest first on ties
             for continuation, _ in candidates[: state.tree_candidates]:
                 builder.add_chain(list(continuation))
+            if recycled is not None:
+                grow_recycled(builder, recycled, state.tree_candidates * (options.ngram_size - 1))
         if state.tree_window:
             _add_window(state, builder, token_ids_cpu[row], int(num_tokens[b]),
                         options.ngram_size)
@@ -93,6 +100,37 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
             state.tree = (builder.tokens, np.array(builder.parents))
             drafts[row] = builder.draft
     return nodes_added
+
+
+def grow_recycled(builder: TreeBuilder, recycled: RecycledTopK, budget: int) -> None:
+    """Grow the target's recycled top-k below the root, best-first by the product of
+    the target's probabilities along the path (Token Recycling's tree, shaped by
+    probability instead of a fixed template): at most ``budget`` new nodes; nodes the
+    tree already has (the main draft's) are walked through for free."""
+    ids, logprobs = recycled.storage
+    vocab_size = len(ids)
+    order = itertools.count()  # ties: first pushed first
+    frontier: list[tuple[float, int, int, int]] = []
+
+    def push_children(node: int, path_logprob: float) -> None:
+        token = builder.tokens[node]
+        if not 0 <= token < vocab_size:
+            return
+        for child, logprob in zip(ids[token].tolist(), logprobs[token].tolist()):
+            if child < 0:
+                break
+            heapq.heappush(frontier, (-(path_logprob + logprob), next(order), node, child))
+
+    push_children(0, 0.0)
+    end = builder.num_drafted + budget
+    for _ in range(4 * budget + recycled.top_k):  # reused nodes cost no budget: bound the walk
+        if not frontier or builder.num_drafted >= end:
+            break
+        negative_logprob, _, parent, token = heapq.heappop(frontier)
+        nodes = builder.add_chain([token], parent=parent)
+        if not nodes:  # the tree's node limit
+            break
+        push_children(nodes[0], -negative_logprob)
 
 
 def _add_window(state: RequestState, builder: TreeBuilder, context: np.ndarray,
