@@ -13,13 +13,15 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 #: The lookahead configuration the engine tests run (K=5, default options).
 LOOKAHEAD = {"method": "lookahead", "num_speculative_tokens": 5}
-#: Lookahead with draft rescoring: the target's top-k is captured at every draft position.
-RESCORING = {**LOOKAHEAD, "rescoring_top_k": 3}
+#: Lookahead with draft rescoring and Token Recycling: the target's top-k is captured
+#: at every draft position and at each row's last position.
+CAPTURING = {**LOOKAHEAD, "rescoring_top_k": 3, "recycle_top_k": 4}
 #: Tree drafts with branches that win often on the tiny models: main drafts from the
 #: pool only (no context match), which is often wrong where a tree candidate or the
 #: Jacobi window is right, so accepted paths leave the first chain (KV moved).
 TREE = {**LOOKAHEAD, "num_speculative_tokens": 12, "tree_candidates": 3, "tree_window": 3,
-        "suffix_match_min": 16, "draft_min_prob": 0.0, "cost_aware_drafts": False}
+        "recycle_top_k": 4, "suffix_match_min": 16, "draft_min_prob": 0.0,
+        "cost_aware_drafts": False}
 
 #: Engine settings every CPU test shares: eager (torch.compile on CPU costs minutes),
 #: float32 (greedy must be bit-exact), an explicit KV budget (the CPU default is a

@@ -11,7 +11,7 @@ import pytest
 from conftest import (
     LONG_MAX_TOKENS,
     LONG_PROMPT,
-    RESCORING,
+    CAPTURING,
     STRESSED,
     generate,
     generate_aborting_one,
@@ -29,7 +29,7 @@ GREEDY = greedy()
 
 @pytest.fixture(scope="module")
 def stressed_lookahead(llama_path):
-    llm = LLM(llama_path, speculative_config=RESCORING, disable_log_stats=False, **STRESSED)
+    llm = LLM(llama_path, speculative_config=CAPTURING, disable_log_stats=False, **STRESSED)
     yield llm
     shutdown(llm)
 
@@ -66,7 +66,8 @@ def test_proposer_state_is_freed_after_requests_finish(stressed_lookahead):
     (stats,) = stats_once_idle(stressed_lookahead)
     assert stats.active_requests == 0
     assert stats.harvested_ngrams > 0
-    assert stats.lattice_tokens > 0  # draft rescoring (RESCORING) chose lattice paths
+    assert stats.lattice_tokens > 0  # draft rescoring (CAPTURING) chose lattice paths
+    assert stats.recycled_rows > 0  # every pass's top-k reached the recycled table
 
 
 def test_abort_mid_generation_frees_state_and_spares_the_others(stressed_lookahead,

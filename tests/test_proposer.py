@@ -426,7 +426,8 @@ def top_k(ids, probs):
 
 def test_recycled_table_chains_the_targets_most_likely_next_tokens():
     table = RecycledTopK(vocab_size=16, top_k=2)
-    ids, logprobs = top_k([[4, 9], [5, 9], [3, 9], [1, 2]], [[.9, .1], [.8, .1], [.5, .4], [.9, .1]])
+    ids, logprobs = top_k([[4, 9], [5, 9], [3, 9], [1, 2]],
+                          [[.9, .1], [.8, .1], [.5, .4], [.9, .1]])
     table.update(np.array([3, 4, 5, 99]), ids.numpy(), logprobs.numpy())  # 99: not a token
     tokens, prob = table.chain(3, 10, 1.0, 0.3)
     assert tokens == [4, 5, 3, 4] and prob == pytest.approx(.9 * .8 * .5 * .9)
@@ -437,7 +438,7 @@ def test_recycled_table_chains_the_targets_most_likely_next_tokens():
 
 
 def test_every_input_position_of_a_pass_is_recycled():
-    proposer, runner = make_proposer(k=4, ngram_size=3, suffix_match_min=2)
+    proposer, runner = make_proposer(k=4, ngram_size=3, suffix_match_min=2, recycle_top_k=2)
     context = [40, 41, 42, 43, 44, 30, 40, 41]
     batch = Batch(runner, {"a": context, "b": [5, 6], "c": [1, 2]})
     drafts = batch.propose(proposer, [[41], [6], []])  # c: a partial prefill chunk
@@ -459,7 +460,7 @@ def test_every_input_position_of_a_pass_is_recycled():
 @pytest.mark.parametrize("min_prob, expected", [(0.1, [4, 5, 3, 4]), (0.5, [4, 5])])
 def test_recycled_top_k_continues_drafts_nothing_else_continues(min_prob, expected):
     proposer, runner = make_proposer(k=4, guess_set_size=0, suffix_match_min=3,
-                                     draft_min_prob=min_prob)
+                                     recycle_top_k=2, draft_min_prob=min_prob)
     context = [1, 2, 3]
     batch = Batch(runner, {"a": context})
     assert batch.propose(proposer, [[3]]) == [[]]
