@@ -5,7 +5,7 @@ recycled top-k (``recycled.py``).
 
 A draft starts with the longer of the context's and the corpus's match and is filled
 by chained pool lookups, then recycled tokens, while its probability estimate stays at
-or above ``draft_min_prob``. ``drafts.Draft`` names where each of its tokens came from, by the
-source names the metrics use; ``drafts.DraftSources`` builds a step's drafts.
+or above ``draft_min_prob``. ``drafts.Draft`` names where each of its tokens came from,
+by the source names the metrics use; ``drafts.DraftSources`` builds a step's drafts.
 """
 
