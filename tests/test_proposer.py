@@ -591,11 +591,13 @@ def test_recycled_top_k_grows_below_the_root_best_first():
         table.update(np.array([token]), *(t.numpy() for t in top_k([ids], [probs])))
     builder = TreeBuilder(root_token=5, max_nodes=12)
     builder.add_chain([1, 3])  # the main draft
-    grow_recycled(builder, table, budget=3)
-    # by path probability: 1 (.6, the main draft's), 1-3 (.54, too), 2 (.3), 1-3-8
-    # (.27), 1-3-9 (.216); then the budget of 3 new nodes is spent
-    assert builder.tokens == [5, 1, 3, 2, 8, 9]
-    assert builder.parents == [-1, 0, 1, 0, 2, 2]
+    grow_recycled(builder, table, budget=3, chain_length=2)
+    # picks by path probability, each a chain of 2: 1 (.6; 1-3, the main draft's, no new
+    # node), 2 (.3; 2-6: two new nodes), 1-3-8 (.27; 8 has no successor: one new node,
+    # and the budget of 3 is spent)
+    assert builder.tokens == [5, 1, 3, 2, 6, 8]
+    assert builder.parents == [-1, 0, 1, 0, 3, 2]
+    assert builder.max_nodes == 12  # the tree's own limit is back
 
 
 def test_tree_options_per_request_are_bounded_by_the_server():

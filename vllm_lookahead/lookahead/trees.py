@@ -86,7 +86,8 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
             for continuation, _ in candidates[: state.tree_candidates]:
                 builder.add_chain(list(continuation))
             if recycled is not None:
-                grow_recycled(builder, recycled, state.tree_candidates * (options.ngram_size - 1))
+                grow_recycled(builder, recycled, state.tree_candidates * (options.ngram_size - 1),
+                              options.ngram_size - 1)
         if state.tree_window:
             _add_window(state, builder, token_ids_cpu[row], int(num_tokens[b]),
                         options.ngram_size)
@@ -102,35 +103,49 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
     return nodes_added
 
 
-def grow_recycled(builder: TreeBuilder, recycled: RecycledTopK, budget: int) -> None:
+def grow_recycled(builder: TreeBuilder, recycled: RecycledTopK, budget: int,
+                  chain_length: int) -> None:
     """Grow the target's recycled top-k below the root, best-first by the product of
     the target's probabilities along the path (Token Recycling's tree, shaped by
-    probability instead of a fixed template): at most ``budget`` new nodes; nodes the
-    tree already has (the main draft's) are walked through for free."""
+    probability instead of a fixed template). Each pick is a chain: the picked token
+    and its most likely successors, ``chain_length`` tokens in all, so that the tree
+    gains one branch per pick, as with the pool's candidates (every branch is an
+    attention sequence of its own, and a step holds scratch blocks for a bounded
+    number). At most ``budget`` new nodes; nodes the tree already has (the main
+    draft's) are walked through for free."""
     ids, logprobs = recycled.storage
     vocab_size = len(ids)
     order = itertools.count()  # ties: first pushed first
     frontier: list[tuple[float, int, int, int]] = []
 
-    def push_children(node: int, path_logprob: float) -> None:
+    def push_children(node: int, path_logprob: float, skip_first: bool) -> None:
         token = builder.tokens[node]
         if not 0 <= token < vocab_size:
             return
-        for child, logprob in zip(ids[token].tolist(), logprobs[token].tolist()):
+        for rank, (child, logprob) in enumerate(zip(ids[token].tolist(),
+                                                    logprobs[token].tolist())):
             if child < 0:
                 break
-            heapq.heappush(frontier, (-(path_logprob + logprob), next(order), node, child))
+            if rank or not skip_first:
+                heapq.heappush(frontier, (-(path_logprob + logprob), next(order), node, child))
 
-    push_children(0, 0.0)
-    end = builder.num_drafted + budget
+    push_children(0, 0.0, skip_first=False)
+    node_limit = builder.max_nodes
+    builder.max_nodes = min(node_limit, builder.num_drafted + budget)
     for _ in range(4 * budget + recycled.top_k):  # reused nodes cost no budget: bound the walk
-        if not frontier or builder.num_drafted >= end:
+        if not frontier or builder.num_drafted >= builder.max_nodes:
             break
         negative_logprob, _, parent, token = heapq.heappop(frontier)
-        nodes = builder.add_chain([token], parent=parent)
-        if not nodes:  # the tree's node limit
-            break
-        push_children(nodes[0], -negative_logprob)
+        chain, path_logprobs = [token], [-negative_logprob]
+        while len(chain) < chain_length and 0 <= chain[-1] < vocab_size \
+                and ids[chain[-1], 0] >= 0:
+            path_logprobs.append(path_logprobs[-1] + float(logprobs[chain[-1], 0]))
+            chain.append(int(ids[chain[-1], 0]))
+        nodes = builder.add_chain(chain, parent=parent)
+        for depth, (node, path_logprob) in enumerate(zip(nodes, path_logprobs)):
+            # the chain holds each node's first child but the last node's
+            push_children(node, path_logprob, skip_first=depth < len(nodes) - 1)
+    builder.max_nodes = node_limit
 
 
 def _add_window(state: RequestState, builder: TreeBuilder, context: np.ndarray,
