@@ -57,9 +57,7 @@ def _observe_last_positions(sampler: Any, drafter: Any) -> None:
     def forward(logits, *args, **kwargs):
         top_k = min(drafter.capture_last_top_k, logits.shape[-1])
         if top_k and logits.shape[0]:
-            values, top_ids = logits.topk(top_k, dim=-1)
-            logprobs = values.float() - logits.logsumexp(-1, keepdim=True).float()
-            drafter.on_last_top_k(top_ids, logprobs)
+            drafter.on_last_top_k(*top_k_logprobs(logits, top_k))
         return original(logits, *args, **kwargs)
 
     sampler.forward = forward
@@ -110,9 +108,16 @@ def capture_verification(draft_token_ids, num_draft_tokens, target_logits, bonus
     )
     top_k = min(top_k, target_logits.shape[-1])
     if top_k and target_logits.shape[0]:
-        values, capture.target_top_ids = target_logits.topk(top_k, dim=-1)
-        capture.target_top_logprobs = values - target_logits.logsumexp(-1, keepdim=True)
+        capture.target_top_ids, capture.target_top_logprobs = top_k_logprobs(target_logits,
+                                                                              top_k)
     return capture
+
+
+def top_k_logprobs(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``top_k`` most likely tokens of each row and their log-probabilities (float32,
+    also for lower-precision logits)."""
+    values, top_ids = logits.topk(top_k, dim=-1)
+    return top_ids, values.float() - logits.logsumexp(-1, keepdim=True).float()
 
 
 def _verify_trees(step: tree_attention.TreeStep, output: torch.Tensor,

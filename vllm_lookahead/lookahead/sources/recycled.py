@@ -24,10 +24,6 @@ class RecycledTopK:
         self._ids = np.full((vocab_size, top_k), -1, dtype=np.int32)
         self._logprobs = np.full((vocab_size, top_k), -np.inf, dtype=np.float32)
 
-    @staticmethod
-    def bytes_for(vocab_size: int, top_k: int) -> int:
-        return 8 * vocab_size * top_k
-
     @property
     def storage(self) -> tuple[np.ndarray, np.ndarray]:
         """The preallocated arrays (next-token ids, their log-probabilities)."""
