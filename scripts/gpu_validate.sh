@@ -13,6 +13,9 @@
 #            distribution
 #   greedy-bf16  the greedy tests again in bfloat16 (informational: a k-token verification
 #            pass and k one-token passes need not round alike)
+#   trees    pytest: the tree step's start-up self-check on the device's attention backend
+#            (passes, and fails each deliberately broken piece), tree drafts bit-exact in
+#            float32 under chunked prefill and preemption, and the tree sampling test
 #   server   pytest: the OpenAI-server tests and the plugin under Ray
 #   latency  harness, real model in bf16 with CUDA graphs (as users run it): none / ngram /
 #            suffix / lookahead (METHODS overrides; suffix is recorded as unavailable without
@@ -24,8 +27,7 @@
 # into DIR, and each harness step makes its run folder there (DIR/DATE-MACHINE-MODEL-MODE/:
 # results.json, results.md, PNG plots, command.txt). Steps may run in separate calls
 # (a device command is limited to 10 minutes): DIR accumulates. Exit status: 1 if any
-# asserted step failed. Trees are not validated on CUDA: tree options are refused there
-# until FLASH_ATTN is enabled for them.
+# asserted step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,12 +38,12 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift ;;
     --model) model=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
-    env|greedy|greedy-bf16|server|latency|load|batch64) steps+=("$1") ;;
-    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env greedy greedy-bf16 server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+    env|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env greedy greedy-bf16 trees server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#steps[@]} -gt 0 ] || steps=(env greedy greedy-bf16 server latency load batch64)
+[ ${#steps[@]} -gt 0 ] || steps=(env greedy greedy-bf16 trees server latency load batch64)
 
 if [ $dry_run = 1 ]; then
   [ -n "${PYTHON:-}" ] || bash scripts/setup.sh >/dev/null
@@ -113,6 +115,10 @@ for step in "${steps[@]}"; do
     greedy-bf16)
       LOOKAHEAD_TEST_DTYPE=bfloat16 run greedy-bf16 no "$python" -m pytest -q -k "not tree" \
         --junitxml "$results/greedy-bf16.xml" tests/test_greedy_exact.py tests/test_greedy_qwen2.py
+      ;;
+    trees)
+      run trees yes "$python" -m pytest -q -rs --junitxml "$results/trees.xml" \
+        tests/test_tree_check.py tests/test_tree.py
       ;;
     server)
       run server yes "$python" -m pytest -q -rs --junitxml "$results/server.xml" \

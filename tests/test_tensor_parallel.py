@@ -26,6 +26,7 @@ def test_tp2_matches_plain_decoding(llama_path, llama_reference, monkeypatch):
     shutdown(llm)
     assert outputs == llama_reference
     assert len(stats) == 2 and stats[0].drafts > 0 and stats[0].tree_branches > 0
+    assert [s.tree_check for s in stats] == [1, 1]  # every rank's self-check passed
     decisions = [(s.drafts, s.draft_tokens, s.cut_tokens, s.tree_nodes, s.tree_branches,
                   s.tree_accepted) for s in stats]
     assert decisions[0] == decisions[1]

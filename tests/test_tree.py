@@ -84,10 +84,11 @@ def test_tree_options_are_refused_where_attention_cannot_mask_trees():
 
     layer = Attention.__new__(Attention)
     torch.nn.Module.__init__(layer)
-    layer.impl = SimpleNamespace()  # e.g. a CUDA backend: the plugin masks CPU_ATTN only
+    layer.impl = SimpleNamespace()  # a backend without the plugin's tree step
     runner = SimpleNamespace(model=torch.nn.Sequential(layer), uses_mrope=False)
     with pytest.raises(ValueError, match="tree_candidates and tree_window need tree "
-                                         "attention.*attention backend SimpleNamespace"):
+                                         "attention.*attention implementation "
+                                         "SimpleNamespace"):
         check_tree_attention(runner)
 
 

@@ -62,6 +62,9 @@ COUNTERS = [
 GAUGES = [
     ("vllm:speculative_active_requests", "active_requests",
      "Requests the proposer holds state for (0 when idle)."),
+    ("vllm:speculative_tree_check", "tree_check",
+     "Start-up self-check of the tree step on this device: 1 passed (trees on), "
+     "0 failed (drafts verified linearly), -1 not run (no tree drafts configured)."),
 ]
 #: Generated tokens per request pass: S, from two counters above.
 COMPRESSION_RATIO = ("vllm:speculative_compression_ratio",
@@ -153,6 +156,7 @@ class ProposerStats:
     tree_accepted: int = 0  # accepted tokens that were tree nodes off the main draft
     tree_branches: int = 0  # runs off the first chain, verified as sequences of their own
     tree_fallbacks: int = 0  # trees verified as linear drafts (scratch blocks ran out)
+    tree_check: int = -1  # tree step self-check: 1 passed, 0 failed, -1 not run
     harvested_ngrams: int = 0
     recycled_rows: int = 0  # top-k rows written into the recycled table
     generated_tokens: int = 0  # by decoding requests, over

@@ -99,7 +99,8 @@ class LookaheadOptions(MethodOptions):
         "recycle_top_k) up to as many (ngram_size - 1)-token chains' worth of nodes from "
         "the target's recycled top-k, grown best-first by probability, verified beside "
         "the main draft in one pass (a token tree; its branches run through the "
-        "attention kernel as sequences of their own; CPU attention backend); trees are "
+        "attention kernel as sequences of their own), if the tree step's start-up "
+        "self-check passes on the device (else drafts stay linear, logged); trees are "
         "built while their measured yield pays for their compute. 0 verifies the main "
         "draft alone.",
     )

@@ -74,6 +74,7 @@ class LookaheadProposer:
         self.cost_model = StepCostModel()
         self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
         self._tree_yield = TreeYield()
+        self._trees_on = bool(self.options.tree_candidates or self.options.tree_window)
         #: times decode steps for the cost model (replaced by a simulated clock in
         #: benchmarks/replay.py and the tests)
         self.clock = time.perf_counter
@@ -97,7 +98,9 @@ class LookaheadProposer:
 
     @property
     def trees_on(self) -> bool:
-        return bool(self.options.tree_candidates or self.options.tree_window)
+        """Tree options on, and the worker's self-check of the tree step (if it has
+        run) passed."""
+        return self._trees_on
 
     # -- hooks called by vLLM and worker/ ------------------------------------------------
 
@@ -110,6 +113,11 @@ class LookaheadProposer:
         runner_state.check_bound(self._runner)
         if self.trees_on:
             tree_step.check_tree_attention(self._runner)
+
+    def on_tree_check(self, check: Any) -> None:
+        """The worker's self-check of the tree step: if it failed, drafts stay linear."""
+        self._stats.tree_check = int(check.passed)
+        self._trees_on = self._trees_on and check.passed
 
     def on_verification(self, capture: VerificationCapture) -> None:
         self._capture = capture

@@ -53,7 +53,8 @@ class MTADOptions(MethodOptions):
         "beam_width × num_speculative_tokens tokens a request). `best`: the best beam "
         "only, as a linear draft (the default: on 2 CPU cores `all` won on MT-Bench and "
         "lost on HumanEval, benchmarks/README.md run (z)). `auto`: `all` where the target's "
-        "attention can verify trees (CPU_ATTN in this version), else `best`, logged.",
+        "attention can verify trees (the tree step's start-up self-check passes), else "
+        "`best`, logged.",
         choices=CANDIDATES,
     )
     auxiliary_runner: str = option_field(

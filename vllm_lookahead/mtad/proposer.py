@@ -144,6 +144,24 @@ class MTADProposer:
                        "%s", "; ".join(problems))
         return False
 
+    @property
+    def trees_on(self) -> bool:
+        """Beams may be verified as trees (``candidates`` other than ``"best"``, and
+        the target's attention can take trees)."""
+        return self._trees_on is not False
+
+    def on_tree_check(self, check: Any) -> None:
+        """The worker's self-check of the tree step: if it failed, ``candidates='all'``
+        cannot be served; ``'auto'`` verifies the best beam only."""
+        self._stats.tree_check = int(check.passed)
+        if check.passed:
+            return
+        if self.options.candidates == "all":
+            raise ValueError(f"mtad: candidates='all' verifies all beams as a token tree, "
+                             f"and the {check.describe()}. Set candidates to 'best' or "
+                             "'auto'.")
+        self._trees_on = False
+
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         for req_id in finished | preempted:
             self._states.pop(req_id, None)

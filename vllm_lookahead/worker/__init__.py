@@ -12,8 +12,10 @@ once per process; the runner, sampler and attention patches only in worker proce
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | ``runner`` | wrapped | hands the runner to its drafter (``hooks.DrafterHooks``: request ids per batch row) and connects the drafter's hooks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner._update_states`` (instance attribute of the bound runner) | ``runner`` | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count and whether it holds prompt tokens (the drafter times decode steps from start to start) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE), plans the step's branches and their scratch blocks (``tree_attention``) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
-| ``builder.build`` of each ``runner.attn_groups[0][i].metadata_builders`` (instance attribute) | ``tree_step`` | wrapped | in a step with trees, builds the backend's metadata from ``CommonAttentionMetadata`` split into branch sequences (``tree_attention.split_metadata``) | 0.32.0, 0.26.0 (CPU_ATTN); 0.33.0 read |
-| ``vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward`` | ``cpu_attention`` | wrapped | before the kernel, fills the branches' scratch blocks (root block copy, path keys and values) and keeps the tree nodes' keys and values for the move after verification | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``builder.build`` of each ``runner.attn_groups[0][i].metadata_builders`` (instance attribute) | ``tree_step`` | wrapped | in a step with trees, builds the backend's metadata (and whatever it derives from ``seq_lens``: FA3's scheduler metadata, FlashInfer's plan) from ``CommonAttentionMetadata`` split into branch sequences (``tree_attention.split_metadata``), without cascade attention | 0.32.0, 0.26.0 (CPU_ATTN); 0.33.0 read |
+| ``runner._determine_batch_execution_and_padding`` (instance attribute, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | a step with trees runs without CUDA graphs (``force_eager``): a graph captured for a uniform linear draft would replay it without its tree metadata and scratch writes | 0.32.0, 0.26.0 read (called after ``_prepare_inputs``, has ``force_eager``); never run on CUDA |
+| ``runner.initialize_kv_cache`` (instance attribute, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | once the KV cache exists (not vLLM's minimal profiling cache, ``is_profiling``), wraps the metadata builders and the attention implementations in use and runs the tree step's self-check (``tree_check``, its own table); the drafter gets the verdict before the first request | 0.32.0, 0.26.0 (CPU) |
+| ``forward`` of the attention implementations (``CPUAttentionBackendImpl``, ``FlashAttentionImpl``, ``TritonAttentionImpl``, ``FlashInferImpl``, ``FlexAttentionImpl``) the target uses | ``attention_backends`` | wrapped | before the kernel, fills the branches' scratch blocks (root block copy, path keys and values) and keeps the tree nodes' keys and values for the move after verification | CPU_ATTN: 0.32.0, 0.26.0 (CPU), 0.33.0 read; the others read on 0.32.0 and 0.26.0, never run |
 | ``impl.do_kv_cache_update``, ``layer.attn_backend.get_kv_cache_shape`` | ``tree_attention`` | called | the backend's own KV writer fills scratch blocks and moves accepted nodes; the shape tells which cache dimension indexes blocks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``vllm.v1.core.sched.scheduler.Scheduler.__init__`` | ``scheduler`` | wrapped (every process; acts in the engine core) | takes the scratch blocks of tree branches and MTAD beams (``scratch``: the pool's last ids) out of ``kv_cache_manager.block_pool`` with ``touch``; for MTAD, raises ``num_lookahead_tokens`` to the draft length γ so the auxiliary model's draft has KV slots past the scheduled tokens (as vLLM does for ``draft_model``; 0.26 sets it in ``__init__``) | 0.32.0, 0.26.0 (CPU); 0.33.0 read (lookahead slots: not read) |
 | ``block_pool.reset_prefix_cache`` (instance attribute of the engine core's ``kv_cache_manager.block_pool``), ``BlockPool.free_blocks``, ``BlockPool.touch`` | ``scheduler`` | wrapped; called | vLLM refuses a prefix-cache reset while any block is in use: the held scratch blocks are handed back for the reset and taken again at once | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
@@ -48,12 +50,9 @@ def install() -> None:
 
 
 def _install_worker_patches() -> None:
-    from vllm.platforms import current_platform
     from vllm.v1.worker import gpu_model_runner
 
-    from vllm_lookahead.worker import cpu_attention, runner, sampler
+    from vllm_lookahead.worker import runner, sampler
 
     _patching.wrap(gpu_model_runner.GPUModelRunner, "__init__", runner.binding_init)
     sampler.install()
-    if current_platform.is_cpu():
-        cpu_attention.install()

@@ -160,25 +160,8 @@ class PagedModel:
 
     def _metadata(self, starts: np.ndarray, seq_lens: np.ndarray, table: np.ndarray,
                   slots: np.ndarray, max_query_len: int) -> dict[str, Any]:
-        from vllm.v1.attention.backend import CommonAttentionMetadata
-
-        device = self.device
-        starts_cpu = torch.from_numpy(starts.astype(np.int32))
-        seq_lens_cpu = torch.from_numpy(seq_lens.astype(np.int32))
-        values = {
-            "query_start_loc": starts_cpu.to(device), "query_start_loc_cpu": starts_cpu,
-            "seq_lens": seq_lens_cpu.to(device), "num_reqs": len(seq_lens),
-            "num_actual_tokens": int(starts[-1]), "max_query_len": max_query_len,
-            "max_seq_len": int(seq_lens.max()),
-            "block_table_tensor": torch.from_numpy(table).to(device),
-            "slot_mapping": torch.from_numpy(slots).to(device),
-            # vLLM 0.26 keeps these host copies as optional fields
-            "_seq_lens_cpu": seq_lens_cpu,
-            "_num_computed_tokens_cpu": seq_lens_cpu - torch.from_numpy(
-                np.diff(starts).astype(np.int32)),
-        }
-        names = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
-        common = CommonAttentionMetadata(**{k: v for k, v in values.items() if k in names})
+        common = common_attention_metadata(starts, seq_lens, table, slots, max_query_len,
+                                           self.device)
         metadata = {}
         for builder, layer_names in self._builders:
             built = builder.build(0, common)
@@ -195,6 +178,32 @@ class PagedModel:
         for stacked, dim in self._caches:
             for caches in stacked:
                 caches.index_copy_(dim + 1, dst, caches.index_select(dim + 1, src))
+
+
+def common_attention_metadata(starts: np.ndarray, seq_lens: np.ndarray, table: np.ndarray,
+                              slots: np.ndarray, max_query_len: int, device: torch.device
+                              ) -> Any:
+    """vLLM's ``CommonAttentionMetadata`` for sequences whose queries start at
+    ``starts`` (one more entry than sequences), ``seq_lens`` tokens long with their
+    block table rows ``table``; ``slots``: the KV slot of each query token."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    starts_cpu = torch.from_numpy(starts.astype(np.int32))
+    seq_lens_cpu = torch.from_numpy(seq_lens.astype(np.int32))
+    values = {
+        "query_start_loc": starts_cpu.to(device), "query_start_loc_cpu": starts_cpu,
+        "seq_lens": seq_lens_cpu.to(device), "num_reqs": len(seq_lens),
+        "num_actual_tokens": int(starts[-1]), "max_query_len": max_query_len,
+        "max_seq_len": int(seq_lens.max()),
+        "block_table_tensor": torch.from_numpy(table).to(device),
+        "slot_mapping": torch.from_numpy(slots).to(device),
+        # vLLM 0.26 keeps these host copies as optional fields
+        "_seq_lens_cpu": seq_lens_cpu,
+        "_num_computed_tokens_cpu": seq_lens_cpu - torch.from_numpy(
+            np.diff(starts).astype(np.int32)),
+    }
+    names = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
+    return CommonAttentionMetadata(**{k: v for k, v in values.items() if k in names})
 
 
 def _layer_cache(layer: Any) -> torch.Tensor:

@@ -52,6 +52,9 @@ class DrafterHooks(Protocol):
     capture_last_top_k: int
     #: replaces vLLM's verification (MTAD's joint rule), or None
     acceptance_rule: AcceptanceRule | None
+    #: the drafter will build tree drafts (read once the KV cache exists: the worker
+    #: then self-checks the tree step and reports with ``on_tree_check``)
+    trees_on: bool
 
     def bind_model_runner(self, runner: Any) -> None:
         """The runner the drafter serves (request ids per row, the KV cache)."""
@@ -72,6 +75,10 @@ class DrafterHooks(Protocol):
     def draft_tree(self, req_id: str, scheduled: list[int]) -> np.ndarray | None:
         """Parents of ``[root] + scheduled`` (the request's draft as vLLM scheduled
         it), or None to verify it as a linear draft."""
+
+    def on_tree_check(self, check: Any) -> None:
+        """The start-up self-check of the tree step (``tree_check.TreeCheck``): trees
+        only if it passed."""
 
     def on_tree_planned(self, req_id: str, branches: int | None) -> None:
         """The tree became ``branches`` extra attention sequences, or (None) it is

@@ -7,6 +7,7 @@ of reaching into vLLM objects.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ def binding_init(original):
             _observe_scheduler_output(self, drafter)
         if hook(drafter, "draft_tree"):
             tree_step.place_tree_nodes(self, drafter)
+            tree_step.check_at_start(self, drafter)
         sampler.connect(self, drafter)
 
     return __init__
@@ -137,6 +139,19 @@ def model_parallel_size() -> int:
     if not parallel_state.model_parallel_is_initialized():
         return 1
     return parallel_state.get_tp_group().world_size * parallel_state.get_pp_group().world_size
+
+
+def max_over_tp_ranks(value: float) -> float:
+    """The largest ``value`` of all tensor-parallel ranks (NaN counts as infinite), so
+    that every rank takes the same decision from it."""
+    value = math.inf if math.isnan(value) else value
+    group = _tp_group()
+    if group is None or group.world_size == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX,
+                                 group=group.cpu_group)
+    return float(tensor.item())
 
 
 def is_first_tp_rank() -> bool:

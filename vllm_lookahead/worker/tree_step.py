@@ -1,10 +1,11 @@
 """The runner side of tree verification, for any attention backend: give tree nodes
 their depth as position, plan each step's branches and scratch blocks, build the
-backends' metadata from the branch-split batch (``tree_attention.py``), and refuse
-trees where the target's attention cannot take them.
+backends' metadata from the branch-split batch (``tree_attention.py``), run steps with
+trees without CUDA graphs, self-check the whole step at start-up (``tree_check.py``),
+and refuse trees where the target's attention cannot take them.
 
 A backend's own part (writing the branches' keys and values before its kernel) lives
-beside this module, one module per backend (``cpu_attention.py``).
+beside this module (``attention_backends.py``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,8 @@ import torch
 from vllm_lookahead import _patching
 from vllm_lookahead.tree import depths_of, is_chain
 from vllm_lookahead.worker import tree_attention
-from vllm_lookahead.worker.hooks import DrafterHooks
+from vllm_lookahead.worker.hooks import DrafterHooks, hook
 from vllm_lookahead.worker.scratch import scratch_blocks
-
-#: Attention backends whose tree verification has been tested. The code is
-#: backend-neutral; FLASH_ATTN waits for a GPU run (and CUDA graphs that replay
-#: attention without the Python wrapper must be ruled out for tree steps).
-TREE_BACKENDS = ("CPUAttentionBackendImpl",)
 
 # One model runner per worker process, hence one step's trees at a time.
 _step: tree_attention.TreeStep | None = None
@@ -46,19 +42,60 @@ def place_tree_nodes(runner: Any, source: DrafterHooks) -> None:
     KV slots as if the draft were linear; tree nodes keep those slots but get their
     depth as position, and the step's branches get scratch blocks."""
     original = runner._prepare_inputs
-    builders_wrapped = False  # the builders exist once the KV cache is initialized
 
     def _prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
         global _step
-        nonlocal builders_wrapped
         result = original(scheduler_output, num_scheduled_tokens, *args, **kwargs)
         _step = _trees_of_step(runner, source, scheduler_output)
-        if _step is not None and not builders_wrapped:
-            _wrap_metadata_builders(runner)
-            builders_wrapped = True
         return result
 
     runner._prepare_inputs = _prepare_inputs
+    run_tree_steps_eagerly(runner)
+
+
+def run_tree_steps_eagerly(runner: Any) -> None:
+    """Wrap ``runner._determine_batch_execution_and_padding`` (instance attribute; vLLM
+    calls it after ``_prepare_inputs``): a step with trees runs without CUDA graphs. A
+    tree of K nodes looks like a uniform K-token draft, so a graph captured with linear
+    metadata could be replayed for it, without the tree's metadata and scratch writes;
+    and the start-up self-check runs eagerly too. Other steps keep their graphs."""
+    original = getattr(runner, "_determine_batch_execution_and_padding", None)
+    if original is None:  # no CUDA graph dispatch in this runner
+        return
+
+    def _determine_batch_execution_and_padding(*args, **kwargs):
+        if _step is not None and _step.branches:
+            kwargs["force_eager"] = True
+        return original(*args, **kwargs)
+
+    runner._determine_batch_execution_and_padding = _determine_batch_execution_and_padding
+
+
+def check_at_start(runner: Any, source: DrafterHooks) -> None:
+    """Wrap ``runner.initialize_kv_cache`` (instance attribute): once the KV cache and
+    its metadata builders exist (not the minimal cache of vLLM's CUDA-graph profiling),
+    wrap the builders and run the tree step's self-check (``tree_check``); the drafter
+    gets its verdict before the first request."""
+    from vllm_lookahead.worker import attention_backends, tree_check
+
+    original = runner.initialize_kv_cache
+
+    def initialize_kv_cache(kv_cache_config, *args, **kwargs):
+        result = original(kv_cache_config, *args, **kwargs)
+        is_profiling = kwargs.get("is_profiling", args[0] if args else False)
+        if not is_profiling and hook(source, "trees_on"):
+            wrap_metadata_builders(runner)
+            attention_backends.wrap_forwards([layer.impl for layer in _attention_layers(runner)])
+            source.on_tree_check(tree_check.run(runner))
+        return result
+
+    runner.initialize_kv_cache = initialize_kv_cache
+
+
+def begin_step(step: tree_attention.TreeStep) -> None:
+    """The step about to be computed has these trees (the self-check's own steps)."""
+    global _step
+    _step = step
 
 
 def _trees_of_step(runner: Any, source: DrafterHooks, scheduler_output: Any
@@ -69,9 +106,8 @@ def _trees_of_step(runner: Any, source: DrafterHooks, scheduler_output: Any
     batch = runner.input_batch
     query_starts = runner.query_start_loc.np
     slot_mapping = batch.block_table[0].slot_mapping.gpu
-    block_size = _block_size(runner)
-    block_tables = batch.block_table[0].block_table.np
-    free_blocks = list(_scratch_blocks(runner))
+    block_size = kv_block_size(runner)
+    free_blocks = list(scratch_tree_blocks(runner))
     rows, branches, prefixes = {}, [], {}
     for row, req_id in enumerate(batch.req_ids):
         scheduled = spec_tokens.get(req_id)
@@ -96,8 +132,17 @@ def _trees_of_step(runner: Any, source: DrafterHooks, scheduler_output: Any
         prefixes[row] = prefix
     if not rows:
         return None
-    step = tree_attention.make_step(rows, branches, block_tables, prefixes, block_size)
-    caches, dim = _layer_caches(runner)
+    return start_step(runner, rows, branches, batch.block_table[0].block_table.np, prefixes)
+
+
+def start_step(runner: Any, rows: dict[int, tree_attention.TreeRow],
+               branches: list[tree_attention.Branch], block_tables: np.ndarray,
+               prefixes: dict[int, int]) -> tree_attention.TreeStep:
+    """The step's tensors, with each branch's root block copied into its first scratch
+    block in every layer (before the forward)."""
+    step = tree_attention.make_step(rows, branches, block_tables, prefixes,
+                                    kv_block_size(runner))
+    caches, dim = layer_caches(runner)
     tree_attention.copy_root_blocks(caches, dim, step)
     return step
 
@@ -105,7 +150,7 @@ def _trees_of_step(runner: Any, source: DrafterHooks, scheduler_output: Any
 _stacked_caches: dict[int, tuple[list[torch.Tensor], int]] = {}
 
 
-def _layer_caches(runner: Any) -> tuple[list[torch.Tensor], int]:
+def layer_caches(runner: Any) -> tuple[list[torch.Tensor], int]:
     """The runner's KV caches for ``copy_root_blocks`` (stacked once per allocation)
     and the block dimension of one layer's cache."""
     first = runner.kv_caches[0]
@@ -118,17 +163,17 @@ def _layer_caches(runner: Any) -> tuple[list[torch.Tensor], int]:
     return found
 
 
-def _block_size(runner: Any) -> int:
+def kv_block_size(runner: Any) -> int:
     return runner.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
 
 
-def _scratch_blocks(runner: Any) -> list[int]:
+def scratch_tree_blocks(runner: Any) -> list[int]:
     """The tree blocks ``scheduler.hold_back_blocks`` took out of the scheduler's pool."""
     return scratch_blocks(runner.vllm_config, runner.kv_cache_config.num_blocks,
-                          _block_size(runner)).trees
+                          kv_block_size(runner)).trees
 
 
-def _wrap_metadata_builders(runner: Any) -> None:
+def wrap_metadata_builders(runner: Any) -> None:
     """Wrap each attention metadata builder's ``build`` (instance attribute): in a step
     with tree branches it builds from the branch-split common metadata."""
     if len(runner.attn_groups) != 1:
@@ -136,7 +181,7 @@ def _wrap_metadata_builders(runner: Any) -> None:
                          f"KV cache group (this one has {len(runner.attn_groups)}); set both "
                          "to 0 (linear drafts) for this model")
     for group in runner.attn_groups[0]:
-        if getattr(group, "kernel_block_size", None) not in (None, _block_size(runner)):
+        if getattr(group, "kernel_block_size", None) not in (None, kv_block_size(runner)):
             raise ValueError("lookahead: tree_candidates and tree_window need the attention "
                              "kernel's block size to equal the KV cache's; set both to 0")
         for builder in group.metadata_builders:
@@ -169,7 +214,7 @@ def tree_attention_problems(runner: Any) -> list[str]:
     """Why the target's attention cannot take trees here (empty if it can): a tested
     backend, decoder self-attention without sliding window, ALiBi, soft-capping or
     sinks, an unquantized KV cache and plain (not multimodal) rotary positions."""
-    from vllm.model_executor.layers.attention import Attention
+    from vllm_lookahead.worker.attention_backends import TREE_IMPLS
 
     problems = set()
     groups = getattr(runner, "attn_groups", None)  # known once the KV cache exists
@@ -177,21 +222,27 @@ def tree_attention_problems(runner: Any) -> list[str]:
         problems.add(f"{len(groups)} KV cache groups")
     if getattr(runner, "uses_mrope", False):
         problems.add("multimodal rotary positions (M-RoPE)")
-    for module in runner.model.modules():
-        if not isinstance(module, Attention):
-            continue
+    for module in _attention_layers(runner):
         impl = module.impl
-        if type(impl).__name__ not in TREE_BACKENDS:
-            problems.add(f"attention backend {type(impl).__name__} (trees are verified "
-                         "on CPU_ATTN only in this version)")
+        if type(impl).__name__ not in TREE_IMPLS:
+            problems.add(f"attention implementation {type(impl).__name__} (trees run on "
+                         f"{', '.join(sorted(TREE_IMPLS))})")
             continue
-        if impl.attn_type != "decoder":
+        if getattr(impl, "attn_type", "decoder") != "decoder":
             problems.add(f"{impl.attn_type} attention")
-        if impl.sliding_window != -1 or impl.alibi_slopes is not None or impl.sinks is not None \
-                or impl.logits_soft_cap:
+        if getattr(impl, "sliding_window", None) not in (None, -1, (-1, -1)) \
+                or any(getattr(impl, name, None) is not None
+                       for name in ("alibi_slopes", "sinks")) \
+                or getattr(impl, "logits_soft_cap", None):
             problems.add("sliding window, ALiBi, attention sinks or soft-capping")
         if impl.kv_cache_dtype != "auto":
             problems.add(f"kv_cache_dtype {impl.kv_cache_dtype!r}")
         if getattr(module, "kv_cache_update_bypass", False):  # vLLM 0.33: no K/V to write
             problems.add("attention without its own key/value (kv_cache_update_bypass)")
     return sorted(problems)
+
+
+def _attention_layers(runner: Any) -> list[Any]:
+    from vllm.model_executor.layers.attention import Attention
+
+    return [module for module in runner.model.modules() if isinstance(module, Attention)]

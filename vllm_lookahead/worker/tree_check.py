@@ -1,0 +1,240 @@
+"""The tree step's start-up self-check, on the device, attention backend and dtype in use.
+
+Trees are exact only if every piece of the tree step holds here: the metadata split
+through the backend's own builders, the root-block copies, the path writes before
+each layer's kernel, the kernel's causal mask over branch sequences, and the move of
+an accepted branch's keys and values. Once the KV cache exists and before the first
+request (``tree_step.check_at_start``), the worker runs a synthetic tree through those
+pieces on the target model itself, and compares every node's last hidden state with
+the same token computed in an ordinary linear sequence. Trees are used only if they
+agree within what the dtype's rounding allows; all tensor-parallel ranks take the
+largest difference, so they agree on the verdict.
+
+The blocks it writes are free then (no request has been scheduled); they are first
+filled with noise, so a missing copy, write or move cannot pass.
+
+| vLLM attribute | use | why | verified on |
+|---|---|---|---|
+| ``runner.model(input_ids=, positions=)``, ``runner.attn_groups[0][i].metadata_builders[0].build``, ``.layer_names`` | called | the serving model, kernels and (wrapped) metadata builders | 0.32.0, 0.26.0 (CPU_ATTN) |
+| ``vllm.forward_context.set_forward_context(metadata, vllm_config, num_tokens=, slot_mapping=)`` | called | the per-layer metadata and KV slots of a pass (no CUDA graph: runtime mode NONE) | 0.32.0, 0.26.0 (CPU) |
+| ``runner.kv_caches``, ``runner.kv_cache_config.num_blocks``, ``runner.model_config`` | read, written | the blocks it computes in; the dtype | 0.32.0, 0.26.0 (CPU) |
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_lookahead.tree import depths_of
+from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import tree_attention, tree_step
+from vllm_lookahead.worker.auxiliary_model import common_attention_metadata
+from vllm_lookahead.worker.scratch import scratch_blocks
+
+logger = logging.getLogger(__name__)
+
+#: The synthetic tree: a first chain of three nodes, a one-node branch off it, a
+#: three-node chain and a single node off the root (three branches, depths 1 to 3).
+PARENTS = np.array([-1, 0, 1, 2, 1, 0, 5, 6, 0])
+#: The path accepted off the first chain: its keys and values are moved to the
+#: positions after the root, and one more token is decoded on top of them.
+ACCEPTED = [5, 6, 7]
+#: The largest difference between a node computed in the tree and in a linear sequence,
+#: relative to the largest hidden value, that still counts as agreement. The two
+#: differ only in the order the kernels sum in; a broken step differs by order 1.
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+#: Graph mode of the check's passes (and of tree steps): attention through Python.
+GRAPH_MODE = "eager"
+
+
+@dataclass(frozen=True)
+class TreeCheck:
+    passed: bool
+    backend: str
+    dtype: str
+    max_difference: float  # relative to the largest hidden value; inf if it could not run
+    tolerance: float
+    reason: str = ""  # why the check could not run
+
+    def describe(self) -> str:
+        verdict = "passed" if self.passed else "failed"
+        found = self.reason or (f"largest difference {self.max_difference:.2g} against "
+                                f"linear decoding (tolerance {self.tolerance:.2g})")
+        return (f"tree step self-check on {self.backend} ({self.dtype}, graph mode "
+                f"{GRAPH_MODE}): {verdict}, {found}")
+
+
+class _CannotRun(Exception):
+    pass
+
+
+def run(runner: Any) -> TreeCheck:
+    """Check the tree step on ``runner`` and log the verdict (first rank only)."""
+    dtype = runner.model_config.dtype
+    tolerance = TOLERANCE.get(dtype, max(TOLERANCE.values()))
+    reason = ""
+    try:
+        difference = largest_difference(runner)
+    except Exception as exc:  # noqa: BLE001 - any failure refuses trees, with its reason
+        difference, reason = math.inf, f"{type(exc).__name__}: {exc}"
+    finally:
+        tree_step.finish_step()
+    difference = runner_state.max_over_tp_ranks(difference)
+    if difference > tolerance and not reason and math.isinf(difference):
+        reason = "another tensor-parallel rank could not run it"
+    check = TreeCheck(passed=difference <= tolerance,
+                      backend=runner.attn_groups[0][0].backend.get_name(),
+                      dtype=str(dtype).removeprefix("torch."), max_difference=difference,
+                      tolerance=tolerance, reason=reason)
+    if runner_state.is_first_tp_rank():
+        if check.passed:
+            logger.info("vllm-lookahead: %s; trees on", check.describe())
+        else:
+            logger.warning("vllm-lookahead: %s; trees refused, drafts are verified "
+                           "linearly", check.describe())
+    return check
+
+
+@torch.inference_mode()
+def largest_difference(runner: Any) -> float:
+    """Run the synthetic tree and the same tokens as linear sequences: the largest
+    difference of a node's last hidden state (relative to the largest hidden value), or
+    of the request's blocks after the move (relative to their largest value)."""
+    block_size = tree_step.kv_block_size(runner)
+    size = len(PARENTS)
+    prefix_len = min(block_size + block_size // 2 + 1, runner.max_model_len - size - 1)
+    rng = np.random.default_rng(0)
+    vocab = runner.model_config.get_vocab_size()
+    prefix, nodes = rng.integers(vocab, size=prefix_len), rng.integers(vocab, size=size)
+    extra = rng.integers(vocab, size=1)
+
+    free = _free_blocks(runner)
+    request = free[: -(-(prefix_len + size) // block_size)]
+    spare = free[len(request):]
+    branches = tree_attention.plan_branches(0, PARENTS, 0, prefix_len, block_size, spare)
+    if branches is None:
+        raise _CannotRun(f"the KV cache has too few blocks ({len(free)} free)")
+    table = np.array([request], dtype=np.int32)
+
+    # every block it computes in starts as noise: what an earlier pass left there (its
+    # own, or vLLM's warm-up) cannot stand in for a missing copy, write or move
+    scratch = [block for branch in branches for block in branch.scratch]
+    _fill_with_noise(runner, request + scratch)
+    # the request's prefix, as a prefill; then its tree, laid out as vLLM schedules a
+    # draft (the slots of linear positions), each node at the position of its depth
+    _forward(runner, prefix, np.arange(prefix_len), table, seq_len=prefix_len,
+             slots=_slots(table, np.arange(prefix_len), block_size))
+    linear = prefix_len + np.arange(size)
+    row = tree_attention.TreeRow(parents=PARENTS, first_token=0,
+                                 slots=_slots(table, linear, block_size))
+    step = tree_step.start_step(runner, {0: row}, branches, table, {0: prefix_len})
+    tree_step.begin_step(step)
+    in_tree = _forward(runner, nodes, prefix_len + depths_of(PARENTS), table,
+                       seq_len=prefix_len + size, slots=row.slots)
+    tree_step.finish_step()
+    # an accepted path off the first chain moved after the root, one token decoded on it
+    tree_attention.move_accepted_kv(step, ACCEPTED, row.slots[1 : 1 + len(ACCEPTED)].tolist())
+    after = np.array([prefix_len + 1 + len(ACCEPTED)])
+    decoded = _forward(runner, extra, after, table, seq_len=int(after[0]) + 1,
+                       slots=_slots(table, after, block_size))
+
+    # every node again, in an ordinary sequence per leaf (in the branches' scratch
+    # blocks, so the request's blocks keep what the move left); the accepted leaf's
+    # first, to compare the request's blocks with those of a linear sequence
+    reference = np.array([scratch[: table.shape[1]]], dtype=np.int32)
+    if reference.shape[1] < table.shape[1]:
+        raise _CannotRun("too few scratch blocks for the reference sequences")
+    # the nodes past the accepted path, left by the tree pass at linear slots
+    stale = prefix_len + np.arange(len(ACCEPTED) + 2, size)
+    _erase(step, _slots(table, stale, block_size))
+    compared = table[:, : int(after[0]) // block_size + 1]
+    differences = []
+    leaves = sorted(set(range(size)) - set(PARENTS.tolist()),
+                    key=lambda leaf: leaf != ACCEPTED[-1])
+    for leaf in leaves:
+        path = tree_attention.ancestors_of(PARENTS, leaf)
+        got = in_tree[path]
+        tokens = np.concatenate([prefix, nodes[path]])
+        if leaf == ACCEPTED[-1]:
+            tokens, got = np.concatenate([tokens, extra]), torch.cat([got, decoded])
+        positions = np.arange(len(tokens))
+        want = _forward(runner, tokens, positions, reference, seq_len=len(tokens),
+                        slots=_slots(reference, positions, block_size))[prefix_len:]
+        differences.append(_relative(got, want))
+        if leaf == ACCEPTED[-1]:
+            _erase(step, _slots(reference, stale, block_size))
+            differences.append(_relative(_blocks(runner, compared),
+                                         _blocks(runner, reference[:, : compared.shape[1]])))
+    return max(differences)
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    scale = float(want.abs().max())
+    return float((got - want).abs().max()) / scale if scale else math.inf
+
+
+def _slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    return table[0, positions // block_size].astype(np.int64) * block_size \
+        + positions % block_size
+
+
+def _erase(step: tree_attention.TreeStep, slots: np.ndarray) -> None:
+    """Zero keys and values at ``slots`` in every layer, through the backend's writer."""
+    for impl, layer, kv_cache, keys, _ in step.kept_kv:
+        zeros = keys.new_zeros((len(slots), *keys.shape[1:]))
+        impl.do_kv_cache_update(layer, zeros, zeros, kv_cache,
+                                torch.from_numpy(slots).to(keys.device))
+
+
+def _blocks(runner: Any, table: np.ndarray) -> torch.Tensor:
+    """Every layer's content of the blocks ``table[0]`` (whatever the backend's layout)."""
+    caches, dim = tree_step.layer_caches(runner)
+    return torch.stack([stacked.select(dim + 1, int(block)).float()
+                        for stacked in caches for block in table[0]])
+
+
+def _free_blocks(runner: Any) -> list[int]:
+    """Blocks no request holds before the first one is scheduled: all but vLLM's null
+    block (0) and the blocks held back as scratch."""
+    config = runner.kv_cache_config
+    held = set(scratch_blocks(runner.vllm_config, config.num_blocks,
+                              tree_step.kv_block_size(runner)).all)
+    return [block for block in range(1, config.num_blocks) if block not in held]
+
+
+def _fill_with_noise(runner: Any, blocks: list[int]) -> None:
+    """The same noise in every block: what no pass writes stays equal between blocks."""
+    caches, dim = tree_step.layer_caches(runner)
+    for block in blocks:
+        generator = torch.Generator(device=caches[0].device).manual_seed(0)
+        for stacked in caches:
+            stacked.select(dim + 1, block).normal_(generator=generator)
+
+
+def _forward(runner: Any, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray,
+             seq_len: int, slots: np.ndarray) -> torch.Tensor:
+    """Last hidden states of one sequence's ``tokens`` (its queries, at ``positions``,
+    written to ``slots``), ``seq_len`` tokens in context, through the serving model,
+    metadata builders and kernels."""
+    from vllm.forward_context import set_forward_context
+
+    device = runner.device
+    common = common_attention_metadata(np.array([0, len(tokens)]), np.array([seq_len]),
+                                       table, slots, len(tokens), device)
+    metadata = {}
+    for group in runner.attn_groups[0]:
+        metadata.update(dict.fromkeys(group.layer_names,
+                                      group.metadata_builders[0].build(0, common)))
+    slot_tensor = torch.from_numpy(slots).to(device)
+    with set_forward_context(metadata, runner.vllm_config, num_tokens=len(tokens),
+                             slot_mapping=dict.fromkeys(metadata, slot_tensor)):
+        hidden = runner.model(input_ids=torch.from_numpy(tokens.astype(np.int64)).to(device),
+                              positions=torch.from_numpy(positions.astype(np.int64)).to(device))
+    if not isinstance(hidden, torch.Tensor):
+        raise _CannotRun("the model returned no hidden states (pipeline parallelism?)")
+    return hidden.float()
