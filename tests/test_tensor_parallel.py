@@ -16,11 +16,25 @@ from conftest import (
 from vllm import LLM
 
 
+def _flat_clock_on_first_rank(worker) -> None:
+    """The first rank times every step alike, whatever its tokens: its cost model then
+    finds draft tokens free, so trees are built whatever this machine's timing. The
+    other rank keeps its real clock: only the broadcast budget makes them agree."""
+    import itertools
+
+    import torch
+
+    if torch.distributed.get_rank() == 0:
+        ticks = itertools.count()
+        worker.model_runner.drafter.clock = lambda: next(ticks) * 0.01
+
+
 def test_tp2_matches_plain_decoding(llama_path, llama_reference, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank
     # the default cost-aware budget: each rank times its own steps
     llm = LLM(llama_path, tensor_parallel_size=2, distributed_executor_backend="mp",
               speculative_config={**TREE, "cost_aware_drafts": True}, **ENGINE_KWARGS)
+    llm.collective_rpc(_flat_clock_on_first_rank)
     outputs = generate(llm, make_prompts(), greedy())
     stats = proposer_stats(llm)
     shutdown(llm)

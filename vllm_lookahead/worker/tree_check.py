@@ -57,7 +57,7 @@ class TreeCheck:
     passed: bool
     backend: str
     dtype: str
-    max_difference: float  # relative to the largest hidden value; inf if it could not run
+    max_difference: float  # relative (``largest_difference``); inf if it could not run
     tolerance: float
     reason: str = ""  # why the check could not run
 
@@ -114,10 +114,10 @@ def largest_difference(runner: Any) -> float:
     extra = rng.integers(vocab, size=1)
 
     free = _free_blocks(runner)
-    request = free[: -(-(prefix_len + size) // block_size)]
-    spare = free[len(request):]
+    request_blocks = -(-(prefix_len + size) // block_size)
+    request, spare = free[:request_blocks], free[request_blocks:]
     branches = tree_attention.plan_branches(0, PARENTS, 0, prefix_len, block_size, spare)
-    if branches is None:
+    if len(request) < request_blocks or branches is None:
         raise _CannotRun(f"the KV cache has too few blocks ({len(free)} free)")
     table = np.array([request], dtype=np.int32)
 
