@@ -16,17 +16,33 @@ from conftest import (
 from vllm import LLM
 
 
-def _flat_clock_on_first_rank(worker) -> None:
-    """The first rank times every step alike, whatever its tokens: its cost model then
-    finds draft tokens free, so trees are built whatever this machine's timing. The
-    other rank keeps its real clock: only the broadcast budget makes them agree."""
-    import itertools
-
+def _cheap_tokens_on_first_rank(worker) -> None:
+    """The first rank's cost model is fitted from the start on a simulated clock (30 ms
+    a step plus 0.1 ms a token: 300 tokens free) and keeps timing its steps on it, so
+    trees are built in every step whatever this machine's timing (with real timing, or
+    before the first fit, a batch of requests may get none). The other rank keeps its
+    real clock: only the broadcast budget makes their decisions equal."""
     import torch
 
-    if torch.distributed.get_rank() == 0:
-        ticks = itertools.count()
-        worker.model_runner.drafter.clock = lambda: next(ticks) * 0.01
+    from vllm_lookahead.lookahead.budget import MIN_SAMPLES
+
+    if torch.distributed.get_rank() != 0:
+        return
+    drafter = worker.model_runner.drafter
+
+    def step_seconds(tokens: int) -> float:
+        return 0.030 + 0.0001 * tokens
+
+    for tokens in range(1, MIN_SAMPLES + 1):
+        drafter.cost_model.add(tokens, step_seconds(tokens))
+    now = [0.0]
+
+    def clock() -> float:  # called once per step start; the step before had these tokens
+        previous = drafter._step_start
+        now[0] += step_seconds(previous[1] if previous else 0)
+        return now[0]
+
+    drafter.clock = clock
 
 
 def test_tp2_matches_plain_decoding(llama_path, llama_reference, monkeypatch):
@@ -34,7 +50,7 @@ def test_tp2_matches_plain_decoding(llama_path, llama_reference, monkeypatch):
     # the default cost-aware budget: each rank times its own steps
     llm = LLM(llama_path, tensor_parallel_size=2, distributed_executor_backend="mp",
               speculative_config={**TREE, "cost_aware_drafts": True}, **ENGINE_KWARGS)
-    llm.collective_rpc(_flat_clock_on_first_rank)
+    llm.collective_rpc(_cheap_tokens_on_first_rank)
     outputs = generate(llm, make_prompts(), greedy())
     stats = proposer_stats(llm)
     shutdown(llm)
