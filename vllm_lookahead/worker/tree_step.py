@@ -50,7 +50,6 @@ def place_tree_nodes(runner: Any, source: DrafterHooks) -> None:
         return result
 
     runner._prepare_inputs = _prepare_inputs
-    run_tree_steps_eagerly(runner)
 
 
 def run_tree_steps_eagerly(runner: Any) -> None:
@@ -58,7 +57,9 @@ def run_tree_steps_eagerly(runner: Any) -> None:
     calls it after ``_prepare_inputs``): a step with trees runs without CUDA graphs. A
     tree of K nodes looks like a uniform K-token draft, so a graph captured with linear
     metadata could be replayed for it, without the tree's metadata and scratch writes;
-    and the start-up self-check runs eagerly too. Other steps keep their graphs."""
+    and the start-up self-check runs eagerly too. Other steps keep their graphs.
+    Installed only once the self-check has passed: a runner without trees keeps
+    vLLM's own method."""
     original = getattr(runner, "_determine_batch_execution_and_padding", None)
     if original is None:  # no CUDA graph dispatch in this runner
         return
@@ -86,7 +87,10 @@ def check_at_start(runner: Any, source: DrafterHooks) -> None:
         if not is_profiling and hook(source, "trees_on"):
             wrap_metadata_builders(runner)
             attention_backends.wrap_forwards([layer.impl for layer in _attention_layers(runner)])
-            source.on_tree_check(tree_check.run(runner))
+            check = tree_check.run(runner)
+            if check.passed:
+                run_tree_steps_eagerly(runner)
+            source.on_tree_check(check)
         return result
 
     runner.initialize_kv_cache = initialize_kv_cache
