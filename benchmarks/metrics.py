@@ -1,7 +1,9 @@
 """Summary rows computed from the raw measurements in a results JSON (pure Python).
 
 One row per method, mode, dataset, concurrency and group ("all", plus each
-Spec-Bench category in latency mode, where every request is timed alone). The
+Spec-Bench category in latency mode, where every request is timed alone). Sampled
+runs measure each of these once per engine seed; their row holds the means over the
+seeds and, in ``spread``, the standard deviations of the headline numbers. The
 report regenerates tables and plots from these rows, so they can always be
 recomputed from a results file.
 """
@@ -16,6 +18,8 @@ from benchmarks.records import SpecDecodeCounters
 BASELINE = "none"
 #: Datasets whose categories get rows of their own (Spec-Bench reports per category).
 PER_CATEGORY = {"spec_bench"}
+#: Numbers whose standard deviation over seeds a row reports.
+SPREAD = ("tokens_per_second", "speedup", "compression", "mean_acceptance_length")
 
 
 def summarize(measurements: list[dict]) -> list[dict]:
@@ -23,8 +27,9 @@ def summarize(measurements: list[dict]) -> list[dict]:
     rows = []
     for m in measurements:
         baseline = baselines.get(_key(m))
+        # sampled outputs differ between methods by design: compared only when greedy
         reference = ({(r["id"], r["turn"]): r["output_tokens"] for r in baseline["requests"]}
-                     if baseline else None)
+                     if baseline and not m.get("temperature") else None)
         for group, requests in _groups(m):
             row = _row(m, group, requests)
             row["equality"] = equality(requests, reference) if reference is not None else None
@@ -34,15 +39,53 @@ def summarize(measurements: list[dict]) -> list[dict]:
         base = by_key.get(_row_key(row))
         row["speedup"] = (row["tokens_per_second"] / base["tokens_per_second"]
                           if base and base["tokens_per_second"] else None)
-    return rows
+    return _over_seeds(rows)
 
 
 def _key(m: dict) -> tuple:
-    return m["mode"], m["dataset"], m["concurrency"]
+    return m["mode"], m["dataset"], m["concurrency"], m.get("seed", 0)
 
 
 def _row_key(row: dict) -> tuple:
-    return row["mode"], row["dataset"], row["concurrency"], row["group"]
+    return row["mode"], row["dataset"], row["concurrency"], row["seed"], row["group"]
+
+
+def _over_seeds(rows: list[dict]) -> list[dict]:
+    """One row per method, mode, dataset, concurrency and group: the mean over its
+    seeds (speedups taken against the baseline of the same seed first)."""
+    by_setting: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_setting[(row["method"], *_row_key(row)[:3], row["group"])].append(row)
+    merged = []
+    for same in by_setting.values():
+        row = {key: _mean([r[key] for r in same]) for key in same[0]}
+        row["seeds"] = [r["seed"] for r in same]
+        row["spread"] = ({key: _stdev([r[key] for r in same]) for key in SPREAD}
+                         if len(same) > 1 else None)
+        del row["seed"]
+        merged.append(row)
+    return merged
+
+
+def _mean(values: list):
+    """Numbers: their mean (None if any is missing); lists and dicts of numbers: by
+    element; anything else: the first value (the same for every seed)."""
+    first = values[0]
+    if len(values) == 1 or isinstance(first, (str, bool)):
+        return first
+    if isinstance(first, (int, float)):
+        return None if None in values else statistics.fmean(values)
+    if isinstance(first, list) and all(isinstance(v, list) and len(v) == len(first)
+                                       for v in values):
+        return [_mean(list(column)) for column in zip(*values)]
+    if isinstance(first, dict) and all(isinstance(v, dict) and v.keys() == first.keys()
+                                       for v in values):
+        return {key: _mean([v[key] for v in values]) for key in first}
+    return first
+
+
+def _stdev(values: list) -> float | None:
+    return None if None in values else statistics.stdev(values)
 
 
 def _groups(m: dict) -> list[tuple[str, list[dict]]]:
@@ -64,7 +107,7 @@ def _row(m: dict, group: str, requests: list[dict]) -> dict:
     counters = _counters(m, requests, whole)
     return {
         "method": m["method"], "mode": m["mode"], "dataset": m["dataset"],
-        "concurrency": m["concurrency"], "group": group,
+        "concurrency": m["concurrency"], "seed": m.get("seed", 0), "group": group,
         "requests": len(requests), "output_tokens": tokens, "forward_passes": passes,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds else None,

@@ -28,8 +28,9 @@ MODES = ("latency", "throughput")
 
 def measure_offline(mode: str, model_path: str, speculative_config: dict | None,
                     engine_args: dict, dataset: str, conversations: Conversations,
-                    max_tokens: int, on_request: Callable[[], None]) -> dict:
-    """One measurement (JSON-ready) of `conversations` in `mode` on a new engine."""
+                    sampling: dict, on_request: Callable[[], None]) -> dict:
+    """One measurement (JSON-ready) of `conversations` in `mode` on a new engine;
+    `sampling`: `SamplingParams` keywords (max_tokens, temperature, top_p)."""
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
@@ -37,7 +38,7 @@ def measure_offline(mode: str, model_path: str, speculative_config: dict | None,
               **engine_args)
     startup_seconds = time.perf_counter() - started
     try:
-        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        params = SamplingParams(**sampling)
         _warm_up(llm, conversations, params)
         return _measure(llm, mode, dataset, conversations, params, startup_seconds, on_request)
     finally:

@@ -43,7 +43,8 @@ def render_markdown(results: dict, rows: list[dict]) -> str:
         f"* Repository: commit {results['git']['commit'] or 'none'}"
         + (" (work tree modified)" if results["git"]["dirty"] else ""),
         f"* Command: `{results['command']}`",
-        f"* Greedy, up to {settings['max_tokens']} new tokens per turn; conversations: "
+        f"* {_sampling(settings)}, up to {settings['max_tokens']} new tokens per turn; "
+        "conversations: "
         + ", ".join(f"{name} {count}" + (" per category" if name == "spec_bench" else "")
                     for name, count in settings["num_prompts"].items())
         + f"; engine arguments (all methods): `{json.dumps(results['engine_args'])}`",
@@ -81,10 +82,10 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
         columns.append(("conc.", lambda r: str(r["concurrency"])))
     columns += [
         ("method", lambda r: r["method"]),
-        ("tok/s", lambda r: _num(r["tokens_per_second"], 1)),
-        ("speedup", lambda r: _num(r["speedup"], 2, "x")),
-        ("S", lambda r: _num(r["compression"], 2)),
-        ("mean acc. len", lambda r: _num(r["mean_acceptance_length"], 2)),
+        ("tok/s", lambda r: _spread(r, "tokens_per_second", 1)),
+        ("speedup", lambda r: _spread(r, "speedup", 2, "x")),
+        ("S", lambda r: _spread(r, "compression", 2)),
+        ("mean acc. len", lambda r: _spread(r, "mean_acceptance_length", 2)),
         (f"acc. by position (first {PER_POSITION_SHOWN})", _per_position),
         ("identical", _identical),
         ("first div. mean/min", _divergence),
@@ -108,6 +109,20 @@ def _dataset_label(row: dict) -> str:
 
 def _num(value, digits: int, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _spread(row: dict, metric: str, digits: int, suffix: str = "") -> str:
+    """The mean, and over several seeds ± their standard deviation."""
+    spread = (row.get("spread") or {}).get(metric)
+    text = _num(row[metric], digits, suffix)
+    return text if spread is None else f"{text} ± {spread:.{digits}f}"
+
+
+def _sampling(settings: dict) -> str:
+    if not settings.get("temperature"):
+        return "Greedy"
+    return (f"Sampled at temperature {settings['temperature']}, top-p {settings['top_p']}, "
+            f"engine seeds {', '.join(map(str, settings['seeds']))} (mean ± standard deviation)")
 
 
 def _per_position(row: dict) -> str:

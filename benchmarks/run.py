@@ -4,8 +4,8 @@
         --datasets humaneval,mt_bench,spec_bench --num-prompts 20 --max-tokens 256 \\
         --mode latency
 
-Every method gets a fresh engine with identical engine arguments, greedy sampling,
-and the same prompts. Writes a run folder benchmarks/results/<date>-<name>/ (name:
+Every method gets a fresh engine with identical engine arguments, the same sampling
+(greedy unless --temperature) and the same prompts; with --seeds, once per engine seed. Writes a run folder benchmarks/results/<date>-<name>/ (name:
 --name, default <machine>-<model>-<modes>) with command.txt, results.json (all raw
 numbers, saved after every method), then results.md and PNG plots (regenerate them
 with `python -m benchmarks.report <folder>/results.json`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import traceback
@@ -68,6 +69,16 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def seed_list(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in comma_list()(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected integers like 0,1,2: {text!r}") from exc
+    if not values or min(values) < 0 or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct non-negative integers: {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run", description=__doc__.split("\n")[0],
@@ -85,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="conversations per dataset (Spec-Bench: per category), "
                              "e.g. 20 or 20,spec_bench=10")
     parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per turn")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of every request (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="top-p of every request")
+    parser.add_argument("--seeds", type=seed_list, default="0",
+                        help="engine seeds, comma list: each method and dataset is measured "
+                             "once per seed (several only with --temperature > 0)")
     parser.add_argument("--mode", type=comma_list(MODES), default="latency",
                         help="latency (batch 1), throughput (offline, all prompts at once), "
                              "server (OpenAI server at each --concurrency); comma list")
@@ -120,6 +137,10 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--num-prompts gives no count for some of {', '.join(args.datasets)}")
     if args.max_tokens < 1:
         parser.error("--max-tokens must be positive")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        parser.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.temperature == 0 and len(args.seeds) > 1:
+        parser.error("--seeds: greedy runs repeat the same outputs; give --temperature > 0")
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the progress bar readable
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # proposer stats via RPC
@@ -131,7 +152,7 @@ def main(argv: list[str] | None = None) -> Path:
     datasets = {name: Conversations(load(name, count), prompter)
                 for name, count in counts.items()}
     engine_args = {"dtype": args.dtype, "enforce_eager": True, "max_model_len": args.max_model_len,
-                   "kv_cache_memory_bytes": args.kv_cache_memory_bytes, "seed": 0,
+                   "kv_cache_memory_bytes": args.kv_cache_memory_bytes, "seed": args.seeds[0],
                    **args.engine_args}
     results = _new_results(args, argv, model_name, model_path, counts, datasets, engine_args,
                            selected)
@@ -140,7 +161,7 @@ def main(argv: list[str] | None = None) -> Path:
 
     from tqdm import tqdm
 
-    per_method = {mode: sum(c.num_requests for c in datasets.values())
+    per_method = {mode: sum(c.num_requests for c in datasets.values()) * len(args.seeds)
                   * (len(args.concurrency) if mode == "server" else 1) for mode in args.mode}
     with tqdm(total=sum(per_method.values()) * len(selected), unit="req",
               dynamic_ncols=True) as progress:
@@ -196,8 +217,8 @@ def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str,
         "model": {"name": model_name, "path": model_path},
         "settings": {"modes": args.mode, "datasets": args.datasets,
                      "num_prompts": counts,
-                     "max_tokens": args.max_tokens,
-                     "temperature": 0, "concurrency": args.concurrency,
+                     "max_tokens": args.max_tokens, "temperature": args.temperature,
+                     "top_p": args.top_p, "seeds": args.seeds, "concurrency": args.concurrency,
                      "prompts": {name: [s.id for s in c.samples] for name, c in datasets.items()}},
         "engine_args": engine_args,
         "methods": {name: method.config for name, method in selected.items()},
@@ -218,19 +239,24 @@ def _run_method(mode: str, name: str, method, model_name: str, model_path: str,
     reason = methods_module.unavailable_reason(method, model_name)
     if reason:
         return {**run, "status": "unavailable", "reason": reason}
+    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                "top_p": args.top_p}
     try:
         config = run["speculative_config"] = methods_module.speculative_config(method)
         for dataset, conversations in datasets.items():
-            for concurrency in args.concurrency if mode == "server" else [None]:
+            for seed, concurrency in itertools.product(
+                    args.seeds, args.concurrency if mode == "server" else [None]):
+                seeded = {**engine_args, "seed": seed}
                 if mode == "server":
                     measurement = measure_server(
-                        model_path, config, engine_args, dataset, conversations, args.max_tokens,
+                        model_path, config, seeded, dataset, conversations, sampling,
                         concurrency, args.request_timeout, args.server_startup_timeout,
                         on_request)
                 else:
-                    measurement = measure_offline(mode, model_path, config, engine_args, dataset,
-                                                  conversations, args.max_tokens, on_request)
-                measurements.append({"method": name, **measurement})
+                    measurement = measure_offline(mode, model_path, config, seeded, dataset,
+                                                  conversations, sampling, on_request)
+                measurements.append({"method": name, "seed": seed,
+                                     "temperature": args.temperature, **measurement})
     except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
         traceback.print_exc()
         return {**run, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}

@@ -129,20 +129,21 @@ class ApiServer:
 
 
 def measure_server(model_path: str, speculative_config: dict | None, engine_args: dict,
-                   dataset: str, conversations: Conversations, max_tokens: int, concurrency: int,
+                   dataset: str, conversations: Conversations, sampling: dict, concurrency: int,
                    request_timeout: float, startup_timeout: float,
                    on_request: Callable[[], None]) -> dict:
-    """One measurement (JSON-ready): `conversations` at `concurrency` on a new server.
+    """One measurement (JSON-ready): `conversations` at `concurrency` on a new server;
+    `sampling`: request fields (max_tokens, temperature, top_p).
 
     A new server for every measurement, because suffix decoding keeps past outputs
     across requests: on a shared server, later concurrency levels would be handed
     the answers to the same prompts.
     """
     with ApiServer(model_path, speculative_config, engine_args, startup_timeout) as server:
-        asyncio.run(_warm_up(server, conversations.prompter.prompt(WARMUP, [])))
+        asyncio.run(_warm_up(server, conversations.prompter.prompt(WARMUP, []), sampling))
         spec_before, sources_before = server.counters()
         records, wall_seconds = asyncio.run(_run_conversations(
-            server, conversations, max_tokens, concurrency, request_timeout, on_request))
+            server, conversations, sampling, concurrency, request_timeout, on_request))
         spec_after, sources_after = server.counters()
     proposer = ({"accepted_by_source": {source: count - sources_before.get(source, 0)
                                         for source, count in sources_after.items()}}
@@ -152,16 +153,16 @@ def measure_server(model_path: str, speculative_config: dict | None, engine_args
                             server.startup_seconds)
 
 
-async def _warm_up(server: ApiServer, prompt: list[int]) -> None:
+async def _warm_up(server: ApiServer, prompt: list[int], sampling: dict) -> None:
     """One untimed request (datasets.WARMUP)."""
     import httpx
 
     async with httpx.AsyncClient(trust_env=False) as client:
         await _stream_completion(client, server, RequestRecord(0, 0, len(prompt), 0.0), prompt,
-                                 WARMUP_TOKENS, timeout=600)
+                                 {**sampling, "max_tokens": WARMUP_TOKENS}, timeout=600)
 
 
-async def _run_conversations(server: ApiServer, conversations: Conversations, max_tokens: int,
+async def _run_conversations(server: ApiServer, conversations: Conversations, sampling: dict,
                              concurrency: int, request_timeout: float,
                              on_request: Callable[[], None]) -> tuple[list[RequestRecord], float]:
     import httpx
@@ -177,7 +178,7 @@ async def _run_conversations(server: ApiServer, conversations: Conversations, ma
             answers: list[list[int]] = []
             while (prompt := conversations.next_prompt(conversation, answers)) is not None:
                 record = RequestRecord(conversation, len(answers), len(prompt), time.perf_counter())
-                await _stream_completion(client, server, record, prompt, max_tokens,
+                await _stream_completion(client, server, record, prompt, sampling,
                                          request_timeout)
                 answers.append(record.output)
                 records.append(record)
@@ -191,10 +192,10 @@ async def _run_conversations(server: ApiServer, conversations: Conversations, ma
 
 
 async def _stream_completion(client, server: ApiServer, record: RequestRecord, prompt: list[int],
-                             max_tokens: int, timeout: float) -> None:
-    """Stream one greedy completion into `record`; checks the token count against usage."""
-    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "return_token_ids": True,
+                             sampling: dict, timeout: float) -> None:
+    """Stream one completion into `record`; checks the token count against usage."""
+    body = {"model": server.model, "prompt": prompt, **sampling,
+            "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True}}
     usage_tokens = None
     async with client.stream("POST", f"{server.base_url}/v1/completions", json=body,

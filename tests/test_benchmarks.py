@@ -332,6 +332,25 @@ def test_batched_modes_use_wall_time_and_no_category_rows():
     assert len(rows) == 1 and rows[0]["tokens_per_second"] == pytest.approx(2.0)
 
 
+def test_sampled_runs_average_over_seeds_against_the_same_seeds_baseline():
+    def run(method, seed, seconds):
+        return {**_measurement(method, [_request("q", 1, [1] * 8, 4, seconds)],
+                               dataset="humaneval"), "seed": seed, "temperature": 0.7}
+
+    measurements = [run("none", 0, 2.0), run("x", 0, 1.0), run("none", 1, 4.0), run("x", 1, 1.0)]
+    rows = {r["method"]: r for r in metrics.summarize(measurements)}
+    assert len(rows) == 2 and rows["x"]["seeds"] == [0, 1]
+    assert rows["x"]["speedup"] == pytest.approx(3.0)  # 2x with seed 0, 4x with seed 1
+    assert rows["x"]["spread"]["speedup"] == pytest.approx(2 ** 0.5)
+    assert rows["x"]["tokens_per_second"] == pytest.approx(8.0)
+    assert rows["x"]["equality"] is None  # sampled outputs are not compared
+    results = _results(measurements, methods={"none": None, "x": {"method": "x"}})
+    results["settings"].update(temperature=0.7, top_p=0.95, seeds=[0, 1], datasets=["humaneval"])
+    text = report.render_markdown(results, list(rows.values()))
+    assert "Sampled at temperature 0.7, top-p 0.95, engine seeds 0, 1" in text
+    assert "| humaneval | x | 8.0 ± 0.0 | 3.00x ± 1.41 | 2.00 ± 0.00 |" in text
+
+
 def test_missing_baseline_gives_na():
     rows = metrics.summarize([_measurement("x", [_request("q", 1, [1], 1)], dataset="humaneval")])
     assert rows[0]["speedup"] is None and rows[0]["equality"] is None
@@ -452,6 +471,19 @@ def test_run_folder_name_must_not_be_a_path(name, capsys):
     assert "expected a folder name" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0,1"], "--seeds: greedy runs repeat the same outputs"),
+    (["--temperature", "0.7", "--top-p", "0"], "--top-p in (0, 1]"),
+    (["--seeds", "1,1", "--temperature", "0.7"], "distinct non-negative integers"),
+])
+def test_sampling_arguments_are_checked_before_anything_runs(argv, message, capsys):
+    from benchmarks.run import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
+
+
 # -- replay ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("second_dataset, second_helped", [("b", False), ("a", True)])
@@ -519,3 +551,4 @@ def test_mtad_pass_at_1_checker_runs_the_tasks_tests():
     assert passes_tests(task, answer)
     assert not passes_tests(task, answer.replace(body, "    return False\n"))
     assert not passes_tests(task, "```python\nwhile True: pass\n```") and PASS_TIMEOUT_S <= 10
+

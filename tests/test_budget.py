@@ -10,11 +10,13 @@ import pytest
 
 from vllm_lookahead.lookahead.budget import (
     MIN_SAMPLES,
+    NUM_SAMPLING_CLASSES,
     WINDOW,
     AcceptanceByDepth,
     StepCostModel,
     TreeYield,
     affordable_draft_lengths,
+    sampling_class,
 )
 
 
@@ -122,3 +124,22 @@ def test_tree_nodes_pay_while_their_yield_beats_a_draft_tokens_worth():
     assert tree_yield.pays(1, 10, 400.0, 2)  # on a GPU-like cost curve they do
     tree_yield.add_pass(3, 0, 0)  # a pass without a tree leaves the yield alone
     assert tree_yield.per_node == pytest.approx(0.05, rel=0.2)
+
+
+def test_sampling_classes_part_greedy_temperatures_and_top_p():
+    from vllm import SamplingParams
+
+    assert sampling_class(None) == sampling_class(SamplingParams(temperature=0)) == 0
+    classes = [sampling_class(SamplingParams(temperature=t, top_p=p))
+               for t in (0.3, 0.7, 1.5) for p in (0.5, 1.0)]
+    assert len(set(classes)) == len(classes) == NUM_SAMPLING_CLASSES - 1
+    assert 0 not in classes
+
+
+def test_each_request_is_cut_by_its_own_classes_acceptance_by_depth():
+    lengths, rates = np.array([8, 8]), np.array([0.9, 0.9])
+    survival = np.stack([0.95 ** np.arange(8), 0.5 ** np.arange(8)])  # greedy, sampled
+    kept = affordable_draft_lengths(lengths, rates, survival, free_tokens=6.0)
+    shared = affordable_draft_lengths(lengths, rates, survival[0], free_tokens=6.0)
+    assert kept[0] > kept[1]
+    assert shared[0] == shared[1]

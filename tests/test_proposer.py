@@ -608,3 +608,27 @@ def test_tree_options_per_request_are_bounded_by_the_server():
     assert request_overrides({"lookahead_tree_candidates": 0}, 8,
                              LookaheadOptions.from_dict({"tree_candidates": 4})) == {
         "tree_candidates": 0}
+
+
+def test_sampled_requests_keep_their_own_acceptance_estimates():
+    """A sampled request whose drafts are always wrong lowers its sampling class's
+    acceptance, not that of greedy requests in the same batch."""
+    from vllm import SamplingParams
+
+    from vllm_lookahead.lookahead.budget import sampling_class
+
+    proposer, runner = make_proposer(k=4, adaptive_draft_length=False)
+    contexts = {"greedy": [1, 2, 3] * 4, "sampled": [1, 2, 3] * 4}
+    params = {"greedy": SamplingParams(temperature=0), "sampled": SamplingParams(temperature=1.0)}
+    batch = Batch(runner, contexts)
+    for _ in range(20):
+        batch.set(contexts)
+        runner.requests.update({req_id: SimpleNamespace(sampling_params=request_params)
+                                for req_id, request_params in params.items()})
+        drafts = batch.propose(proposer, [[contexts[r][-1]] for r in contexts])
+        assert drafts[1], "the sampled request must keep drafting for the test to mean much"
+        contexts["greedy"].append(contexts["greedy"][-3])  # the period goes on: drafts right
+        contexts["sampled"].append(min({1, 2, 3} - {drafts[1][0]}))  # never the draft's
+    greedy, sampled = (proposer._depth_acceptance[sampling_class(p)] for p in params.values())
+    assert greedy.first_token_rate() > 0.8
+    assert sampled.first_token_rate() < 0.2

@@ -11,7 +11,9 @@ draft token only while it raises the expected tokens per second of the whole ste
 
 from __future__ import annotations
 
+import bisect
 import math
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +38,27 @@ PRIOR_FIRST_RATE = 0.5
 #: pseudo-nodes (optimistic, so that trees are tried).
 PRIOR_TREE_RATE = 0.2
 PRIOR_TREE_NODES = 20.0
+#: Sampling classes (``sampling_class``): greedy, then temperature up to 0.5, up to 1
+#: and above, each with top-p up to 0.9 or above it.
+TEMPERATURE_EDGES = (0.5, 1.0)
+TOP_P_EDGE = 0.9
+NUM_SAMPLING_CLASSES = 1 + 2 * (len(TEMPERATURE_EDGES) + 1)
+
+
+def sampling_class(params: Any) -> int:
+    """The request's sampling class, by its ``SamplingParams`` (None: greedy).
+
+    Under sampling a point-mass draft token is accepted with the target's probability
+    of it, so a request sampled at T = 1 accepts far fewer tokens than the same text
+    decoded greedily. The worker-wide estimates (acceptance by depth, tree yield) are
+    kept per class, so that greedy and sampled requests in one batch do not set each
+    other's draft budgets; within a class, each request's own first-token rate adapts.
+    """
+    temperature = getattr(params, "temperature", 0.0)
+    if not temperature or temperature <= 0:
+        return 0
+    by_temperature = bisect.bisect_left(TEMPERATURE_EDGES, temperature)
+    return 1 + 2 * by_temperature + int(getattr(params, "top_p", 1.0) > TOP_P_EDGE)
 
 
 class StepCostModel:
@@ -107,8 +130,9 @@ class StepCostModel:
 
 
 class AcceptanceByDepth:
-    """Worker-wide acceptance by draft position, from recent drafts checked in hindsight
-    (``hindsight.py``: every proposed draft, also the tokens the cut dropped).
+    """Worker-wide acceptance by draft position for one sampling class, from recent
+    drafts checked in hindsight (``hindsight.py``: every proposed draft, also the tokens
+    the cut dropped).
 
     ``survival()[j-1]`` estimates P(token j accepted | token 1 accepted). Acceptance is
     far from geometric: a draft whose first tokens were right (a copied span) tends to
@@ -151,8 +175,8 @@ class AcceptanceByDepth:
 
 
 class TreeYield:
-    """Worker-wide yield of tree nodes: accepted tokens off the main drafts per node
-    verified beside them (decayed counts, starting from an optimistic prior so that
+    """Worker-wide yield of tree nodes for one sampling class: accepted tokens off the
+    main drafts per node verified beside them (decayed counts, starting from an optimistic prior so that
     trees are tried), and tokens per request pass."""
 
     def __init__(self, decay: float = WORKER_DECAY, prior_rate: float = PRIOR_TREE_RATE,
@@ -197,8 +221,9 @@ def affordable_draft_lengths(
     """How many leading tokens of each request's draft to keep.
 
     Request r's j-th draft token is accepted with probability
-    ``first_rates[r] * survival[j-1]`` (its own recent first-token acceptance, and the
-    worker's acceptance by depth). Tokens are taken in order of that probability while
+    ``first_rates[r] * survival[r, j-1]`` (its own recent first-token acceptance, and
+    the worker's acceptance by depth for its sampling class; one ``survival`` row
+    serves all requests). Tokens are taken in order of that probability while
     each one raises the step's expected tokens per unit of cost: with E expected tokens
     (one per request, plus the kept tokens' probabilities) at cost C = ``free_tokens``
     + requests + kept tokens, a token of probability p is kept iff p >= E / C.
@@ -210,10 +235,12 @@ def affordable_draft_lengths(
     if total == 0 or math.isinf(free_tokens):
         return lengths
     num_requests = len(lengths)
+    survival = np.asarray(survival, dtype=np.float64)
+    survival = np.broadcast_to(survival, (num_requests, survival.shape[-1]))
     owner = np.repeat(np.arange(num_requests), lengths)
     starts = np.cumsum(lengths) - lengths
     position = np.arange(total) - np.repeat(starts, lengths)
-    prob = np.asarray(first_rates, dtype=np.float64)[owner] * survival[position]
+    prob = np.asarray(first_rates, dtype=np.float64)[owner] * survival[owner, position]
     order = np.argsort(-prob, kind="stable")
     prob = prob[order]
     expected_before = num_requests + np.concatenate(([0.0], np.cumsum(prob)[:-1]))

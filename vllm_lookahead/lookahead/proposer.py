@@ -25,6 +25,7 @@ import torch
 
 from vllm_lookahead.lookahead import feedback, trees
 from vllm_lookahead.lookahead.budget import (
+    NUM_SAMPLING_CLASSES,
     AcceptanceByDepth,
     StepCostModel,
     TreeYield,
@@ -72,8 +73,10 @@ class LookaheadProposer:
         self._capture: VerificationCapture | None = None
         self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cost_model = StepCostModel()
-        self._depth_acceptance = AcceptanceByDepth(self.num_speculative_tokens)
-        self._tree_yield = TreeYield()
+        #: worker-wide estimates, by sampling class (``budget.sampling_class``)
+        self._depth_acceptance = [AcceptanceByDepth(self.num_speculative_tokens)
+                                  for _ in range(NUM_SAMPLING_CLASSES)]
+        self._tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
         self._trees_on = bool(self.options.tree_candidates or self.options.tree_window)
         #: times decode steps for the cost model (replaced by a simulated clock in
         #: benchmarks/replay.py and the tests)
@@ -203,7 +206,8 @@ class LookaheadProposer:
                                            with_top_k=bool(self.options.rescoring_top_k))
                     if wanted else {})
         if self.options.cost_aware_drafts:
-            self._depth_acceptance.decay()
+            for depth_acceptance in self._depth_acceptance:
+                depth_acceptance.decay()
         rows, states = [], []
         for row, emitted in enumerate(sampled_token_ids):
             if not emitted:  # partial prefill chunk: nothing to draft yet
@@ -223,10 +227,11 @@ class LookaheadProposer:
         """Compare the request's earlier drafts, kept or cut, with the tokens it then
         generated: the evidence behind its first-token rate and the worker's acceptance
         by depth, which therefore keeps coming when the cut drops every draft."""
+        depth_acceptance = self._depth_acceptance[state.sampling_class]
         for outcome in state.hindsight.settle(context, num_tokens):
             if outcome.first == 0:
                 state.count_first_token(outcome.confirmed > 0)
-            self._depth_acceptance.add(outcome.first, outcome.compared, outcome.confirmed)
+            depth_acceptance.add(outcome.first, outcome.compared, outcome.confirmed)
             self._stats.cut_tokens_confirmed += outcome.cut_confirmed
 
     def _learn(self, state: RequestState, emitted: list[int],
@@ -243,7 +248,8 @@ class LookaheadProposer:
             self._count_by_source(state.draft_origin, main_accepted, ACCEPTED_SOURCES)
             self._sources.learn(state.draft_origin, main_accepted)
         tree_nodes = len(state.tree[0]) - 1 - len(state.draft) if state.tree else 0
-        self._tree_yield.add_pass(accepted + 1, tree_nodes, accepted - main_accepted)
+        self._tree_yields[state.sampling_class].add_pass(accepted + 1, tree_nodes,
+                                                        accepted - main_accepted)
         if verified is not None and feedback.is_our_draft(state, verified.draft):
             if self.options.harvest_jacobi:
                 self._stats.harvested_ngrams += feedback.harvest(
@@ -273,11 +279,7 @@ class LookaheadProposer:
         free_tokens = self._step_budget()
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
-            prior = self._depth_acceptance.first_token_rate()
-            self._stats.cut_tokens += cut_to_budget(
-                [draft.tokens for draft in main],
-                [state.first_token_rate(prior) for state in states],
-                self._depth_acceptance.survival(), free_tokens)
+            self._stats.cut_tokens += self._cut(main, states, free_tokens)
             for b, state in enumerate(states):
                 state.hindsight.propose(int(num_tokens[b]), proposed[b], len(main[b].tokens),
                                         state.max_draft)
@@ -288,7 +290,7 @@ class LookaheadProposer:
         if self.trees_on:
             self._stats.tree_nodes += trees.grow_trees(
                 rows, states, drafts, token_ids_cpu, num_tokens, free_tokens,
-                self._tree_yield, self.options, self.max_model_len, self._sources.recycled)
+                self._tree_yields, self.options, self.max_model_len, self._sources.recycled)
         for state, draft in zip(states, main):
             state.draft, state.draft_origin = draft.tokens, draft
             if draft.tokens:
@@ -296,6 +298,18 @@ class LookaheadProposer:
                 self._stats.draft_tokens += len(draft.tokens)
                 self._count_by_source(draft, len(draft.tokens), DRAFT_SOURCES)
         return drafts
+
+    def _cut(self, main: list[Draft], states: list[RequestState],
+             free_tokens: float | None) -> int:
+        """Cut the main drafts to the step's budget, each request's tokens estimated
+        by its own first-token rate and its sampling class's acceptance by depth."""
+        classes = [state.sampling_class for state in states]
+        by_class = {c: self._depth_acceptance[c] for c in set(classes)}
+        survivals = {c: depth.survival() for c, depth in by_class.items()}
+        first_rates = [state.first_token_rate(by_class[c].first_token_rate())
+                       for state, c in zip(states, classes)]
+        return cut_to_budget([draft.tokens for draft in main], first_rates,
+                             np.stack([survivals[c] for c in classes]), free_tokens)
 
     def _step_budget(self) -> float | None:
         """Tokens the step affords for free (``cost_aware_drafts``; None before the cost

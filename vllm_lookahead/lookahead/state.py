@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vllm_lookahead.lookahead.budget import sampling_class
 from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.sources.pool import NgramPool
@@ -45,6 +46,7 @@ class RequestState:
     max_draft: int = 0  # K, or the request's own lower bound (extra_args)
     draft_min_prob: float = 0.0  # the option, or the request's own value
     draft_limit: int = 0  # current draft length bound (adaptive), <= max_draft
+    sampling_class: int = 0  # which worker-wide acceptance estimates it uses (budget.py)
     # target's top-k (ids, log-probs) per position after the bonus token, from the
     # Jacobi positions past the last rejection (``rescoring_top_k``)
     lattice: tuple[list[list[int]], list[list[float]]] | None = None
@@ -138,9 +140,10 @@ class RequestStates:
                                             self.num_speculative_tokens)
             state.draft_min_prob = overrides.get("draft_min_prob", opts.draft_min_prob)
             state.draft_limit = state.max_draft
+            params = runner_state.sampling_params(runner, req_id)
+            state.sampling_class = sampling_class(params)
             if opts.tree_candidates or opts.tree_window:
-                state.tree_ok = runner_state.allows_trees(
-                    runner_state.sampling_params(runner, req_id))
+                state.tree_ok = runner_state.allows_trees(params)
             state.tree_candidates = overrides.get("tree_candidates", opts.tree_candidates)
             state.tree_window = overrides.get("tree_window", opts.tree_window)
         return state

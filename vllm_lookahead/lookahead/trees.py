@@ -45,12 +45,12 @@ def tree_of(state: RequestState | None, scheduled: list[int]) -> np.ndarray | No
 
 def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[int]],
                token_ids_cpu: np.ndarray, num_tokens: np.ndarray, free_tokens: float | None,
-               tree_yield: TreeYield, options: LookaheadOptions, max_model_len: int,
+               tree_yields: list[TreeYield], options: LookaheadOptions, max_model_len: int,
                recycled: RecycledTopK | None) -> int:
     """Turn each main draft (in ``drafts``, by row, replaced) into a token tree; returns
     the nodes added. Each request gets at most its K nodes. Trees are built only while
     they pay: a tree node must yield (accepted tokens off the main drafts per node,
-    measured on this worker) at least what a draft token of its cost earns the step;
+    measured on this worker for the request's sampling class) at least what a draft token of its cost earns the step;
     on a GPU, where the cost model finds extra tokens nearly free, that is almost
     always, on a small CPU only for text where trees win often. Requests that do not
     get trees still probe one every ``TREE_PROBE_INTERVAL`` passes. With several
@@ -63,13 +63,14 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
         free = math.inf if len(rows) == 1 else 0.0
     else:
         free = free_tokens
-    pays = tree_yield.pays(len(rows), step_tokens, free, TREE_NODE_COST)
+    pays = {c: tree_yields[c].pays(len(rows), step_tokens, free, TREE_NODE_COST)
+            for c in {state.sampling_class for state in states}}
     spare = math.inf if len(rows) == 1 else free - step_tokens  # in linear tokens
     nodes_added = 0
     for b, (row, state) in enumerate(zip(rows, states)):
         state.tree, state.window_columns = None, []
         state.passes_without_tree += 1
-        if not pays and state.passes_without_tree < TREE_PROBE_INTERVAL:
+        if not pays[state.sampling_class] and state.passes_without_tree < TREE_PROBE_INTERVAL:
             continue
         main = drafts[row]
         nodes = (spare - TREE_ROW_COST) / TREE_NODE_COST
