@@ -118,7 +118,7 @@ for step in "${steps[@]}"; do
       ;;
     trees)
       run trees yes "$python" -m pytest -q -rs --junitxml "$results/trees.xml" \
-        tests/test_tree_check.py tests/test_tree.py
+        tests/test_tree_check.py tests/test_tree_graph_mode.py tests/test_tree.py
       ;;
     server)
       run server yes "$python" -m pytest -q -rs --junitxml "$results/server.xml" \
