@@ -60,6 +60,19 @@ def test_collector_reports_the_lowest_rank_of_each_engine(tmp_path, monkeypatch)
     assert exported[(accepted, (*labels, ("source", "context")))] == 0
 
 
+def test_an_early_write_when_idle_does_not_postpone_the_next_snapshot(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics.tempfile, "gettempdir", lambda: str(tmp_path))
+    now = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
+    writer = metrics.SnapshotWriter(fake_vllm_config(4, 64, instance_id="engine-a"), rank=0)
+    writer.write(ProposerStats(active_requests=1))
+    now[0] += 0.9 * metrics.SNAPSHOT_INTERVAL_S
+    writer.write(ProposerStats())  # the last request finished: written at once
+    assert json.loads(writer.path.read_text())["active_requests"] == 0
+    now[0] += 0.2 * metrics.SNAPSHOT_INTERVAL_S  # the next request runs: a snapshot is due
+    assert writer.due()
+
+
 def test_no_snapshots_without_an_instance_id_or_before_the_first_write(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics.tempfile, "gettempdir", lambda: str(tmp_path))
     writer = metrics.SnapshotWriter(fake_vllm_config(4, 64), rank=0)

@@ -216,9 +216,13 @@ class SnapshotWriter:
                 and time.monotonic() - self._last_write >= SNAPSHOT_INTERVAL_S)
 
     def write(self, counters: Any) -> None:
+        """Write now. A write before the next is due (the proposer fell idle: gauges
+        drop to 0 at once) leaves the schedule alone; otherwise, on a server whose
+        requests each finish within the interval, no snapshot would show one running."""
         if self.path is None:
             return
-        self._last_write = time.monotonic()
+        if self.due():
+            self._last_write = time.monotonic()
         snapshot = {"dp_rank": self.dp_rank, "rank": self.rank,
                     **dataclasses.asdict(counters)}
         try:
