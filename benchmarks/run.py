@@ -5,10 +5,11 @@
         --mode latency
 
 Every method gets a fresh engine with identical engine arguments, the same sampling
-(greedy unless --temperature) and the same prompts; with --seeds, once per engine seed. Writes a run folder benchmarks/results/<date>-<name>/ (name:
---name, default <machine>-<model>-<modes>) with command.txt, results.json (all raw
-numbers, saved after every method), then results.md and PNG plots (regenerate them
-with `python -m benchmarks.report <folder>/results.json`).
+(greedy unless --temperature) and the same prompts; with --seeds, once per engine
+seed. Writes a run folder benchmarks/results/<date>-<name>/ (name: --name, default
+<machine>-<model>-<modes>) with command.txt, results.json (all raw numbers, saved
+after every method), then results.md and PNG plots (regenerate them with
+`python -m benchmarks.report <folder>/results.json`).
 See benchmarks/README.md for what each number means.
 """
 
