@@ -54,8 +54,8 @@ def sampling_class(params: Any) -> int:
     kept per class, so that greedy and sampled requests in one batch do not set each
     other's draft budgets; within a class, each request's own first-token rate adapts.
     """
-    temperature = getattr(params, "temperature", 0.0)
-    if not temperature or temperature <= 0:
+    temperature = getattr(params, "temperature", 0.0) or 0.0
+    if temperature <= 0:
         return 0
     by_temperature = bisect.bisect_left(TEMPERATURE_EDGES, temperature)
     return 1 + 2 * by_temperature + int(getattr(params, "top_p", 1.0) > TOP_P_EDGE)
@@ -176,8 +176,8 @@ class AcceptanceByDepth:
 
 class TreeYield:
     """Worker-wide yield of tree nodes for one sampling class: accepted tokens off the
-    main drafts per node verified beside them (decayed counts, starting from an optimistic prior so that
-    trees are tried), and tokens per request pass."""
+    main drafts per node verified beside them (decayed counts, starting from an
+    optimistic prior so that trees are tried), and tokens per request pass."""
 
     def __init__(self, decay: float = WORKER_DECAY, prior_rate: float = PRIOR_TREE_RATE,
                  prior_nodes: float = PRIOR_TREE_NODES):

@@ -50,10 +50,11 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
     """Turn each main draft (in ``drafts``, by row, replaced) into a token tree; returns
     the nodes added. Each request gets at most its K nodes. Trees are built only while
     they pay: a tree node must yield (accepted tokens off the main drafts per node,
-    measured on this worker for the request's sampling class) at least what a draft token of its cost earns the step;
-    on a GPU, where the cost model finds extra tokens nearly free, that is almost
-    always, on a small CPU only for text where trees win often. Requests that do not
-    get trees still probe one every ``TREE_PROBE_INTERVAL`` passes. With several
+    measured on this worker for the request's sampling class) at least what a draft
+    token of its cost earns the step; on a GPU, where the cost model finds extra tokens
+    nearly free, that is almost always, on a small CPU only for text where trees win
+    often. Requests that do not get trees still probe one every
+    ``TREE_PROBE_INTERVAL`` passes. With several
     requests in the step (and ``cost_aware_drafts``), trees also take only the tokens
     the cost model says are nearly free, a tree costing ``TREE_ROW_COST`` plus
     ``TREE_NODE_COST`` per node (none before the model has samples), so under load

@@ -56,9 +56,9 @@ def run_tree_steps_eagerly(runner: Any) -> None:
     """Wrap ``runner._determine_batch_execution_and_padding`` (instance attribute; vLLM
     calls it after ``_prepare_inputs``): a step with trees runs without CUDA graphs. A
     tree of K nodes looks like a uniform K-token draft, so a graph captured with linear
-    metadata could be replayed for it, without the tree's metadata and scratch writes;
-    and the start-up self-check runs eagerly too. Other steps keep their graphs.
-    Installed only once the self-check has passed: a runner without trees keeps
+    metadata could be replayed for it, without the tree's metadata and scratch writes.
+    Other steps keep their graphs. Installed only once the self-check (which calls the
+    model directly, without graph dispatch) has passed: a runner without trees keeps
     vLLM's own method."""
     original = getattr(runner, "_determine_batch_execution_and_padding", None)
     if original is None:  # no CUDA graph dispatch in this runner
