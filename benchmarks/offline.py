@@ -70,11 +70,13 @@ def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
 
     loop = drive(llm.llm_engine, conversations.next_prompt, len(conversations), params,
                  max_in_flight=1 if one_at_a_time else len(conversations), on_finish=on_finish)
-    return measurement_json(
+    measurement = measurement_json(
         mode, dataset, 1 if one_at_a_time else len(conversations), loop.wall_seconds,
         loop.engine_steps, _counters(llm) - counters_before,
         proposer_delta(proposer_before, proposer_stats(llm)), loop.records,
         conversations.samples, startup_seconds)
+    measurement["start"] = start_state(llm, proposer_before)
+    return measurement
 
 
 def _counters(llm) -> SpecDecodeCounters:
@@ -90,6 +92,23 @@ def proposer_stats(llm) -> dict | None:
         lambda worker: getattr(getattr(worker.model_runner, "drafter", None), "stats", None))
     first = stats[0] if stats else None
     return dataclasses.asdict(first) if dataclasses.is_dataclass(first) else None
+
+
+def start_state(llm, proposer: dict | None) -> dict:
+    """What the engine decided at start-up: the KV cache's blocks and those held back
+    as scratch (tree branches, MTAD beams), and (lookahead) the trees' start-up cost
+    measurement and self-check."""
+    from vllm_lookahead.worker.scratch import blocks_in_use
+
+    def blocks(worker) -> tuple[int, int]:
+        return worker.model_runner.kv_cache_config.num_blocks, len(blocks_in_use(worker))
+
+    total, held = llm.collective_rpc(blocks)[0]
+    state = {"kv_blocks": total, "held_blocks": held}
+    if proposer is not None and "start_free_tokens" in proposer:
+        state.update(start_free_tokens=proposer["start_free_tokens"],
+                     tree_check=proposer["tree_check"])
+    return state
 
 
 def proposer_delta(before: dict | None, after: dict | None) -> dict | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from benchmarks.metrics import BASELINE, summarize
@@ -62,6 +63,7 @@ def render_markdown(results: dict, rows: list[dict]) -> str:
         mode_rows = [row for row in rows if row["mode"] == mode]
         if mode_rows:
             lines += [f"## {MODE_TITLES[mode]}", "", *_table(mode, mode_rows), ""]
+    lines += _start_table(results["measurements"])
     lines += [
         ("S = generated tokens / target forward passes, counted by the harness (server: "
          "token-carrying stream chunks). Acceptance: vLLM's counters, over steps that had a "
@@ -101,6 +103,30 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
              "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in _ordered(rows)]
     return lines
+
+
+def _start_table(measurements: list[dict]) -> list[str]:
+    """Per method, what its first offline engine decided at start-up (KV blocks held
+    back as scratch; lookahead's trees: the start-up cost and the self-check)."""
+    first: dict[str, dict] = {}
+    for m in measurements:
+        if "start" in m:
+            first.setdefault(m["method"], m)
+    if not first:
+        return []
+    checks = {1: "passed", 0: "failed", -1: "not run"}
+    lines = ["## Start-up (each method's first engine)", "",
+             "| method | start-up s | KV blocks | held as scratch | free tokens measured | "
+             "tree self-check |", "|---|---|---|---|---|---|"]
+    for method, m in first.items():
+        start = m["start"]
+        free = start.get("start_free_tokens")
+        measured = "-" if free is None or math.isnan(free) else _num(free, 0)
+        lines.append(
+            f"| {method} | {m['startup_seconds']:.1f} | {start['kv_blocks']} | "
+            f"{start['held_blocks']} | {measured} | "
+            f"{checks.get(start.get('tree_check'), '-')} |")
+    return [*lines, ""]
 
 
 def _dataset_label(row: dict) -> str:

@@ -11,16 +11,18 @@ from tiny_models import build_model
 # Tests read proposer counters from the worker through LLM.collective_rpc(callable).
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
-#: The lookahead configuration the engine tests run (K=5, default options).
-LOOKAHEAD = {"method": "lookahead", "num_speculative_tokens": 5}
+#: The lookahead configuration the engine tests run (K=5, default options), trees
+#: ``auto`` decided on whatever the start-up measurement finds, as on a GPU: the
+#: default trees are built where the per-step cost model lets them.
+LOOKAHEAD = {"method": "lookahead", "num_speculative_tokens": 5, "tree_free_tokens": 0}
 #: Lookahead with draft rescoring and Token Recycling: the target's top-k is captured
 #: at every draft position and at each row's last position.
 CAPTURING = {**LOOKAHEAD, "rescoring_top_k": 3, "recycle_top_k": 4}
 #: Tree drafts with branches that win often on the tiny models: main drafts from the
 #: pool only (no context match), which is often wrong where a tree candidate or the
 #: Jacobi window is right, so accepted paths leave the first chain (KV moved).
-TREE = {**LOOKAHEAD, "num_speculative_tokens": 12, "tree_candidates": 3, "tree_window": 3,
-        "recycle_top_k": 4, "suffix_match_min": 16, "draft_min_prob": 0.0,
+TREE = {**LOOKAHEAD, "num_speculative_tokens": 12, "trees": "on", "tree_candidates": 3,
+        "tree_window": 3, "recycle_top_k": 4, "suffix_match_min": 16, "draft_min_prob": 0.0,
         "cost_aware_drafts": False}
 
 #: Engine settings every CPU test shares: eager (torch.compile on CPU costs minutes),
@@ -150,6 +152,58 @@ def fake_vllm_config(k, max_model_len, additional_config=None, instance_id=""):
         additional_config=additional_config or {},
         instance_id=instance_id,
     )
+
+
+#: Runs an engine with its core in process (the scheduler in reach) in a fresh interpreter:
+#: vLLM 0.32's in-process worker start scans every loaded module for kernels to rebind
+#: and fails on some objects that earlier tests in the same process import.
+SCHEDULER_PROBE = """
+import dataclasses, json, math, sys
+from vllm import LLM, SamplingParams
+
+config = json.loads(sys.argv[1])
+llm = LLM(config["model"], speculative_config=config["speculative_config"],
+          disable_log_stats=False, **config["engine"])
+scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+pool = scheduler.kv_cache_manager.block_pool
+free_at_start = pool.get_num_free_blocks()
+params = SamplingParams(temperature=0, max_tokens=config["max_tokens"], ignore_eos=True)
+outputs = llm.generate([{"prompt_token_ids": p} for p in config["prompts"]], params,
+                       use_tqdm=False)
+stats = llm.collective_rpc(lambda worker: worker.model_runner.drafter.stats)[0]
+print("RESULT " + json.dumps({
+    "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+    "preemptions": next(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"),
+    "block_size": scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size,
+    "num_blocks": scheduler.kv_cache_config.num_blocks,
+    "free_blocks_at_start": free_at_start,
+    "free_blocks_at_end": pool.get_num_free_blocks(),
+    "num_spec_tokens": scheduler.num_spec_tokens,
+    "num_lookahead_tokens": scheduler.num_lookahead_tokens,
+    "config_lookahead_tokens": getattr(scheduler.vllm_config, "num_lookahead_tokens", None),
+    "step_blocks": getattr(scheduler, "_spec_decode_step_blocks", None),
+    "stats": {key: None if isinstance(value, float) and not math.isfinite(value) else value
+              for key, value in dataclasses.asdict(stats).items()},
+}))
+"""
+
+
+def run_beside_scheduler(model: str, speculative_config: dict, engine: dict,
+                         prompts: list[list[int]], max_tokens: int) -> dict:
+    """Greedy outputs of ``prompts`` with what the engine core's scheduler and the
+    drafter's counters show (``SCHEDULER_PROBE``)."""
+    import json
+    import subprocess
+    import sys
+
+    config = {"model": model, "speculative_config": speculative_config, "engine": engine,
+              "prompts": prompts, "max_tokens": max_tokens}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    run = subprocess.run([sys.executable, "-c", SCHEDULER_PROBE, json.dumps(config)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 def shutdown(llm) -> None:

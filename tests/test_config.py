@@ -155,6 +155,9 @@ BAD_CONFIGS = [
      "suffix_match_min must be <= suffix_match_max"),
     ({"prompt_lookup_max": 3}, "prompt_lookup_max cannot be used with method 'lookahead'"),
     ({"model": "some/draft-model"}, "method 'lookahead' has no draft model"),
+    ({"trees": "yes"}, "trees must be 'auto' or 'on' or 'off' (got 'yes')"),
+    ({"recycle_top_k": "many"}, 'recycle_top_k must be an integer >= 0 or "auto"'),
+    ({"ngram_size": 2, "tree_window": 2}, "tree_window needs ngram_size >= 3"),
 ]
 
 

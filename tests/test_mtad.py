@@ -19,6 +19,7 @@ from conftest import (
     make_prompts,
     metrics,
     proposer_stats,
+    run_beside_scheduler,
     same_distribution_pvalue,
     sample_tokens,
     shutdown,
@@ -423,51 +424,14 @@ def test_chunked_prefill_and_preemption_keep_greedy_exact(llama_path, llama_refe
     assert preemptions > 0
 
 
-#: Runs an engine with its core in process (the scheduler in reach) in a fresh interpreter:
-#: vLLM 0.32's in-process worker start scans every loaded module for kernels to rebind
-#: and fails on some objects that earlier tests in the same process import.
-SCHEDULER_PROBE = """
-import json, sys
-from vllm import LLM, SamplingParams
-
-config = json.loads(sys.argv[1])
-llm = LLM(config["model"], speculative_config=config["speculative_config"],
-          disable_log_stats=False, **config["engine"])
-scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-params = SamplingParams(temperature=0, max_tokens=config["max_tokens"], ignore_eos=True)
-outputs = llm.generate([{"prompt_token_ids": p} for p in config["prompts"]], params,
-                       use_tqdm=False)
-print("RESULT " + json.dumps({
-    "outputs": [list(o.outputs[0].token_ids) for o in outputs],
-    "preemptions": next(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"),
-    "block_size": scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size,
-    "num_spec_tokens": scheduler.num_spec_tokens,
-    "num_lookahead_tokens": scheduler.num_lookahead_tokens,
-    "config_lookahead_tokens": getattr(scheduler.vllm_config, "num_lookahead_tokens", None),
-    "step_blocks": getattr(scheduler, "_spec_decode_step_blocks", None),
-}))
-"""
-
-
 def test_all_beams_under_a_tight_kv_budget_count_their_lookahead_slots_at_admission(
         llama_path, llama_reference):
     """candidates='all' under the KV budget of the test above: vLLM's admission estimate
     (built in Scheduler.__init__) counts the auxiliary model's gamma lookahead slots, and
     requests are preempted and resumed with their trees, greedy rows exact."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     stressed = {**STRESSED, "kv_cache_memory_bytes": 2 * STRESSED["kv_cache_memory_bytes"]}
-    config = {"model": llama_path, "speculative_config": mtad(llama_path, candidates="all"),
-              "engine": stressed, "prompts": make_prompts(), "max_tokens": greedy().max_tokens}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run([sys.executable, "-c", SCHEDULER_PROBE, json.dumps(config)],
-                         capture_output=True, text=True, env=env, timeout=600)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert run.returncode == 0 and lines, run.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
+    result = run_beside_scheduler(llama_path, mtad(llama_path, candidates="all"), stressed,
+                                  make_prompts(), greedy().max_tokens)
     assert result["num_spec_tokens"] == 16 and result["num_lookahead_tokens"] == 4
     if result["config_lookahead_tokens"] is not None:  # vLLM 0.32: Scheduler.__init__ reads it
         assert result["config_lookahead_tokens"] == 4

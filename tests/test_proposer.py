@@ -30,6 +30,10 @@ MAX_LEN = 64
 
 
 def make_proposer(k=4, max_model_len=MAX_LEN, **options):
+    """A bound proposer; linear unless the test names tree options (no worker here to
+    decide trees ``auto``)."""
+    tree_options = {"tree_candidates", "tree_window"} & set(options)
+    options.setdefault("trees", "on" if tree_options else "off")
     config = fake_vllm_config(
         k, max_model_len, {ADDITIONAL_CONFIG_KEY: {"method": "lookahead", **options}})
     proposer = LookaheadProposer(config)
@@ -632,3 +636,51 @@ def test_sampled_requests_keep_their_own_acceptance_estimates():
     greedy, sampled = (proposer._depth_acceptance[sampling_class(p)] for p in params.values())
     assert greedy.first_token_rate() > 0.8
     assert sampled.first_token_rate() < 0.2
+
+
+def test_trees_auto_follow_the_start_up_cost_and_take_recycling_with_them():
+    from vllm_lookahead.lookahead.options import RECYCLE_TOP_K_WITH_TREES
+    from vllm_lookahead.worker.start_cost import StartCost
+
+    cheap = StartCost(pass_seconds=0.010, token_seconds=0.00002)  # 499 free tokens
+    dear = StartCost(pass_seconds=0.030, token_seconds=0.001)  # 29
+    assert round(cheap.free_tokens) == 499 and round(dear.free_tokens) == 29
+    proposer, _ = make_proposer(trees="auto", rescoring_top_k=3)
+    assert proposer.trees_need_free_tokens == 100 and proposer.trees_on
+    proposer.on_start_cost(cheap)
+    assert proposer.trees_on and proposer.stats.start_free_tokens == cheap.free_tokens
+    assert proposer.capture_last_top_k == RECYCLE_TOP_K_WITH_TREES
+    assert proposer.capture_top_k == RECYCLE_TOP_K_WITH_TREES
+
+    proposer, _ = make_proposer(trees="auto", rescoring_top_k=3)
+    proposer.on_start_cost(dear)
+    assert not proposer.trees_on  # and the recycled top-k, which pays only with trees
+    assert proposer.capture_last_top_k == 0 and proposer.capture_top_k == 3
+    # an explicit recycle_top_k stays; no measurement (a failed one) counts as dear
+    proposer, _ = make_proposer(trees="auto", recycle_top_k=4, tree_free_tokens=10)
+    proposer.on_start_cost(StartCost(float("nan"), float("nan"), "ValueError: no blocks"))
+    assert not proposer.trees_on and proposer.capture_last_top_k == 4
+    # trees on / off are not measured; off also means no recycling by default
+    assert make_proposer(trees="on")[0].trees_need_free_tokens is None
+    off, _ = make_proposer(trees="off")
+    assert off.trees_need_free_tokens is None and not off.trees_on
+    assert off.capture_last_top_k == 0
+
+
+def test_a_failed_self_check_turns_auto_recycling_off():
+    from vllm_lookahead.worker.tree_check import TreeCheck
+
+    proposer, _ = make_proposer(trees="on")
+    assert proposer.capture_last_top_k > 0
+    proposer.on_tree_check(TreeCheck(passed=False, backend="CPU_ATTN", dtype="float32",
+                                     max_difference=1.0, tolerance=1e-3))
+    assert not proposer.trees_on and proposer.capture_last_top_k == 0
+    assert proposer.stats.tree_check == 0
+
+
+def test_the_default_window_gives_way_to_short_ngrams():
+    assert LookaheadOptions.from_dict({"ngram_size": 2}).tree_window == 0
+    assert LookaheadOptions.from_dict({}).tree_window == 4
+    assert LookaheadOptions.from_dict({"trees": "off"}).tree_drafts is False
+    assert LookaheadOptions.from_dict({"tree_candidates": 0, "tree_window": 0}).tree_drafts \
+        is False

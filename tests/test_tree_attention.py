@@ -57,7 +57,11 @@ def test_scratch_blocks_are_the_pools_last_and_bounded():
     assert tree_attention.scratch_block_count(80, 128, 24) == 10  # an eighth of the pool
     trees = scratch_blocks(scratch_config("lookahead", tree_window=3), 10_000, 16)
     assert trees.trees == list(range(10_000 - 96, 10_000)) and trees.beams == []
-    assert scratch_blocks(scratch_config("lookahead"), 10_000, 16).all == []
+    # the default (trees auto) holds them too: the start-up decision is the workers'
+    assert scratch_blocks(scratch_config("lookahead"), 10_000, 16).trees == trees.trees
+    assert scratch_blocks(scratch_config("lookahead", trees="off"), 10_000, 16).all == []
+    assert scratch_blocks(scratch_config("lookahead", tree_candidates=0, tree_window=0),
+                          10_000, 16).all == []
     # mtad: B - 1 beams of each of max_num_seqs requests, each the root block and 2 more
     beams = scratch_blocks(scratch_config("mtad", beam_width=4, candidates="best"), 10_000, 16)
     assert beams.beams == list(range(10_000 - 2 * 3 * 3, 10_000)) and beams.trees == []
@@ -222,21 +226,47 @@ def test_the_scheduler_holds_the_scratch_blocks_back_from_its_pool():
         self.kv_cache_config = SimpleNamespace(
             num_blocks=num_blocks,
             kv_cache_groups=[SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=block_size))])
-        self.vllm_config = scratch_config("lookahead", k, tree_window=trees)
+        self.vllm_config = scratch_config("lookahead", k, trees=trees)
         self.num_lookahead_tokens = 0
 
-    held = scratch_blocks(scratch_config("lookahead", k, tree_window=4), num_blocks,
+    held = scratch_blocks(scratch_config("lookahead", k, trees="on"), num_blocks,
                           block_size).trees
-    for trees, expected_free in ((0, num_blocks - 1), (4, num_blocks - 1 - len(held))):
+    for trees, expected_free in (("off", num_blocks - 1), ("on", num_blocks - 1 - len(held))):
         scheduler = SimpleNamespace()
         hold_back_blocks(scheduler_init)(scheduler, trees)
         pool = scheduler.kv_cache_manager.block_pool
         assert pool.get_num_free_blocks() == expected_free  # block 0 is vLLM's null block
         handed_out = {block.block_id for block in pool.get_new_blocks(expected_free)}
-        assert handed_out.isdisjoint(held) == bool(trees)
+        assert handed_out.isdisjoint(held) == (trees == "on")
+    # the workers' report, where the engine core has one: only the blocks they use
+    from vllm_lookahead.worker.scheduler import ask_workers_for_scratch
+
+    def workers(trees_on):
+        runner = SimpleNamespace(
+            vllm_config=scratch_config("lookahead", k), drafter=SimpleNamespace(trees_on=trees_on),
+            kv_cache_config=SimpleNamespace(
+                num_blocks=num_blocks, kv_cache_groups=[SimpleNamespace(
+                    kv_cache_spec=SimpleNamespace(block_size=block_size))]))
+        return [SimpleNamespace(model_runner=runner)] * 2  # two ranks
+
+    for trees_on, expected_free in ((False, num_blocks - 1), (True, num_blocks - 1 - len(held))):
+        ranks = workers(trees_on)
+        engine = SimpleNamespace(model_executor=SimpleNamespace(
+            collective_rpc=lambda method: [method(worker) for worker in ranks]))
+        config = ranks[0].model_runner.kv_cache_config
+        assert ask_workers_for_scratch(lambda self, vllm_config: config)(
+            engine, ranks[0].model_runner.vllm_config) is config
+
+        def reported_init(self):
+            scheduler_init(self, "on")  # options alone would hold the trees' blocks
+            self.kv_cache_config = config
+
+        scheduler = SimpleNamespace()
+        hold_back_blocks(reported_init)(scheduler)
+        assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == expected_free
     # mtad: beam blocks held back, lookahead slots for the auxiliary model's draft
     def mtad_init(self):
-        scheduler_init(self, 0)
+        scheduler_init(self, "off")
         self.vllm_config = scratch_config("mtad", k, candidates="auto")
 
     scheduler = SimpleNamespace()

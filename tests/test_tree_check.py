@@ -9,11 +9,13 @@ from functools import partial
 import pytest
 from conftest import (
     ENGINE_KWARGS,
+    LOOKAHEAD,
     TREE,
     generate,
     greedy,
     make_prompts,
     proposer_stats,
+    run_beside_scheduler,
     shutdown,
 )
 from tiny_models import build_model
@@ -99,3 +101,34 @@ def test_after_a_failed_check_drafts_are_linear_and_exact(checked_llm, sharp_lla
     assert generate(checked_llm, make_prompts(), greedy()) == reference
     stats, = proposer_stats(checked_llm)
     assert stats.tree_check == 0 and stats.tree_nodes == 0 and stats.drafts > 0
+
+
+def test_trees_auto_stay_off_where_extra_tokens_are_dear(llama_path, llama_reference):
+    """No device finds 10^9 tokens free: linear drafts, no self-check, no recycling, and
+    the scheduler holds no KV block back for tree branches."""
+    result = run_beside_scheduler(llama_path, {**LOOKAHEAD, "tree_free_tokens": 10**9},
+                                  ENGINE_KWARGS, make_prompts(), greedy().max_tokens)
+    assert result["outputs"] == llama_reference
+    stats = result["stats"]
+    assert 0 < stats["start_free_tokens"] < 10**9  # measured on the target
+    assert stats["tree_check"] == -1 and stats["tree_nodes"] == 0
+    assert stats["recycled_rows"] == 0 and stats["drafts"] > 0
+    # every block but vLLM's null block is the requests', before and after them
+    assert result["free_blocks_at_start"] == result["num_blocks"] - 1
+    assert result["free_blocks_at_end"] == result["num_blocks"] - 1
+
+
+def test_trees_auto_on_hold_their_scratch_blocks(llama_path, llama_reference):
+    """Where the measurement finds tokens free enough (tree_free_tokens 0), trees pass
+    the self-check and their scratch blocks stay out of the requests' pool."""
+    from vllm_lookahead.worker import tree_attention
+
+    result = run_beside_scheduler(llama_path, LOOKAHEAD, ENGINE_KWARGS, make_prompts(),
+                                  greedy().max_tokens)
+    assert result["outputs"] == llama_reference
+    assert result["stats"]["tree_check"] == 1
+    held = tree_attention.scratch_block_count(result["num_blocks"], result["block_size"],
+                                              LOOKAHEAD["num_speculative_tokens"])
+    assert held > 0
+    assert result["free_blocks_at_start"] == result["num_blocks"] - 1 - held
+    assert result["free_blocks_at_end"] == result["free_blocks_at_start"]

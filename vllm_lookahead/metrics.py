@@ -90,6 +90,9 @@ LOOKAHEAD_GAUGES = [
      "Cost-aware cut: fitted seconds each scheduled token adds to a decode step."),
     ("vllm:lookahead_free_tokens", "free_tokens",
      "Cost-aware cut: the fixed over the per-token cost, in tokens (+Inf: nothing is cut)."),
+    ("vllm:lookahead_start_free_tokens", "start_free_tokens",
+     "Trees auto: a one-token forward pass's time over the time each token more adds, "
+     "measured at start-up; trees are on from tree_free_tokens (NaN: not measured)."),
 ]
 #: Lookahead's draft tokens by where they came from (label ``source``): proposed (after
 #: the cost-aware cut) and accepted, so that each source's precision can be read.
@@ -168,6 +171,8 @@ class ProposerStats:
     step_fixed_seconds: float = math.nan
     step_token_seconds: float = math.nan
     free_tokens: float = math.inf
+    # trees ``auto``: the start-up measurement (``worker.start_cost``; nan: none)
+    start_free_tokens: float = math.nan
 
 
 def install() -> None:

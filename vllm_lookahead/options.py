@@ -33,11 +33,12 @@ def method_options(vllm_config: Any, options_cls: type) -> Any:
 
 
 def option_field(default: Any, low: float | None, doc: str, high: float | None = None,
-            choices: tuple[str, ...] = (), low_open: bool = False):
-    """A validated option: ints >= ``low``; floats in [``low``, ``high``] (default [0, 1],
-    ``low`` excluded if ``low_open``); strings among ``choices``."""
+            choices: tuple[str, ...] = (), low_open: bool = False, auto: bool = False):
+    """A validated option: ints >= ``low`` (or the string ``"auto"`` if ``auto``); floats
+    in [``low``, ``high``] (default [0, 1], ``low`` excluded if ``low_open``); strings
+    among ``choices``."""
     return field(default=default, metadata={"low": low, "high": high, "choices": choices,
-                                            "low_open": low_open, "doc": doc})
+                                            "low_open": low_open, "auto": auto, "doc": doc})
 
 
 class MethodOptions:
@@ -86,6 +87,8 @@ def check_value(f: dataclasses.Field, value: Any, label: str | None = None) -> A
             accepted = " or ".join(map(repr, f.metadata["choices"]))
             raise ValueError(f"{label} must be {accepted} (got {value!r})")
         return value
+    if f.metadata["auto"] and value == "auto":
+        return value
     if f.type in ("str", str):
         if not isinstance(value, str) or not value:
             raise ValueError(f"{label} must be a non-empty string (got {value!r})")
@@ -101,10 +104,11 @@ def check_value(f: dataclasses.Field, value: Any, label: str | None = None) -> A
             raise ValueError(f"{label} must be a number in {_float_range_text(f)} "
                              f"(got {value!r})")
         return float(value)
+    accepted = f"an integer >= {low}" + ' or "auto"' * f.metadata["auto"]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{label} must be an integer >= {low} (got {value!r})")
+        raise ValueError(f"{label} must be {accepted} (got {value!r})")
     if value < low:
-        raise ValueError(f"{label} must be an integer >= {low} (got {value})")
+        raise ValueError(f"{label} must be {accepted} (got {value})")
     return value
 
 
@@ -133,7 +137,7 @@ def accepted_text(f: dataclasses.Field) -> str:
         return "true / false"
     if isinstance(f.default, float):
         return f"number in {_float_range_text(f)}"
-    return f"integer >= {f.metadata['low']}"
+    return f"integer >= {f.metadata['low']}" + " or `auto`" * f.metadata["auto"]
 
 
 def check_num_speculative_tokens(value: Any, method: str = "lookahead") -> int:

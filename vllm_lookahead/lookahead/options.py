@@ -11,6 +11,15 @@ from vllm_lookahead.options import MethodOptions, check_value, option_field, opt
 
 #: K when ``num_speculative_tokens`` is not given.
 DEFAULT_SPEC_TOKENS = 24
+TREE_MODES = ("auto", "on", "off")
+#: trees ``auto``: the free tokens (start-up measurement) that turn trees on. A tree
+#: node costs about two linear draft tokens (``trees.TREE_NODE_COST``) and yielded
+#: 0.02-0.06 accepted tokens (benchmarks/README.md, runs (v), (w), (al)); at batch 1,
+#: with ~2.5 tokens per pass and ~30 tokens in the step, it pays from about 100 free
+#: tokens (``budget.TreeYield.pays``). 2 CPU cores measured 15-30 for SmolLM2-135M.
+AUTO_TREE_FREE_TOKENS = 100
+#: ``recycle_top_k: "auto"`` where trees are on.
+RECYCLE_TOP_K_WITH_TREES = 8
 
 
 @dataclass(frozen=True)
@@ -82,39 +91,69 @@ class LookaheadOptions(MethodOptions):
         "the correction token among the pool's entries and the lattice's top path by "
         "pool frequency times lattice probability; 0 turns it off.",
     )
-    recycle_top_k: int = option_field(
-        0, 0,
+    recycle_top_k: int | str = option_field(
+        "auto", 0,
         "Token Recycling: keep the target's top-k next tokens after every token it has "
         "seen in any pass (draft positions, rejected ones too, and the sampled position; "
         "vocabulary x k per worker, shared by its requests) and continue a draft the "
         "context match and the pool cannot continue along the target's most likely next "
         "token, while the draft's probability estimate (times the target's probabilities) "
-        "stays at or above draft_min_prob; with tree_candidates, also tree branches. 0 "
-        "(the default) turns it off: the capture is a top-k over the vocabulary at every "
-        "verified position, which on a small CPU costs about what the linear drafts gain; "
-        "trees gain the most from it.",
+        "stays at or above draft_min_prob; where trees are on, also tree branches. `auto`: "
+        f"{RECYCLE_TOP_K_WITH_TREES} where trees are on, else 0 (the capture is a top-k over "
+        "the vocabulary at every verified position; as a linear source alone it earned "
+        "0-2 % of the accepted tokens on a small CPU, about what it costs there); 0 turns "
+        "it off.",
+        auto=True,
+    )
+    trees: str = option_field(
+        "auto", None,
+        "Tree drafts (tree_candidates, tree_window), verified beside the main draft in one "
+        "pass where the tree step's start-up self-check passes on the device (else drafts "
+        "stay linear, logged), and then built in a step while their measured yield pays "
+        "for their compute. `auto`: only where a start-up measurement of the target finds "
+        "extra tokens nearly free (at least tree_free_tokens; a GPU at small batch, not a "
+        "small CPU), logged and exported as vllm:lookahead_start_free_tokens. `on`: "
+        "wherever the self-check passes. `off`: linear drafts, no self-check, no scratch "
+        "blocks held.",
+        choices=TREE_MODES,
+    )
+    tree_free_tokens: int = option_field(
+        AUTO_TREE_FREE_TOKENS, 0,
+        "trees `auto`: the start-up measurement's free tokens (a one-token pass's time over "
+        "the time each token more adds) that turn trees on.",
     )
     tree_candidates: int = option_field(
-        0, 0,
+        4, 0,
         "Tree drafts: the pool's most frequent continuations of the last token, and (with "
-        "recycle_top_k) up to as many (ngram_size - 1)-token chains' worth of nodes from "
+        "recycling) up to as many (ngram_size - 1)-token chains' worth of nodes from "
         "the target's recycled top-k, grown best-first by probability, verified beside "
         "the main draft in one pass (a token tree; its branches run through the "
-        "attention kernel as sequences of their own), if the tree step's start-up "
-        "self-check passes on the device (else drafts stay linear, logged); trees are "
-        "built while their measured yield pays for their compute. 0 verifies the main "
-        "draft alone.",
+        "attention kernel as sequences of their own); 0 turns them off.",
     )
     tree_window: int = option_field(
-        0, 0,
+        4, 0,
         "Tree drafts: columns of Lookahead Decoding's Jacobi window (ngram_size - 1 "
         "levels) run in the same pass; each step harvests one n-gram per column and "
         "slides the window; 0 turns the window off.",
     )
 
+    @property
+    def tree_drafts(self) -> bool:
+        """Trees may be built (subject to the start-up decision and self-check)."""
+        return self.trees != "off" and bool(self.tree_candidates or self.tree_window)
+
+    def recycled_top_k(self, trees_on: bool) -> int:
+        """``recycle_top_k`` resolved for a worker whose trees are (or are not) on."""
+        if self.recycle_top_k == "auto":
+            return RECYCLE_TOP_K_WITH_TREES if trees_on else 0
+        return self.recycle_top_k
+
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "LookaheadOptions":
         options = super().from_dict(values)
+        if options.tree_window and options.ngram_size < 3:
+            if "tree_window" not in (values or {}):  # the default window needs N >= 3
+                options = dataclasses.replace(options, tree_window=0)
         if options.tree_window and options.ngram_size < 3:
             raise ValueError(
                 "lookahead: tree_window needs ngram_size >= 3 (its levels are the n-gram's "

@@ -59,17 +59,16 @@ class LookaheadProposer:
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.options = method_options(vllm_config, LookaheadOptions)
-        #: the target's top-k captured at draft positions (rescoring's lattice, recycling)
-        self.capture_top_k = max(self.options.rescoring_top_k, self.options.recycle_top_k)
-        #: ... and at each row's last position, every pass (recycling)
-        self.capture_last_top_k = self.options.recycle_top_k
+        #: trees until the worker's start-up decision and self-check say otherwise
+        self._trees_on = self.options.tree_drafts
         self._stats = ProposerStats()
         self._snapshots = SnapshotWriter(vllm_config, runner_state.worker_rank())
         self._runner: Any = None
         self._states = RequestStates(self.options, self.num_speculative_tokens)
         self._sources = DraftSources(self.options, self.num_speculative_tokens,
                                      vllm_config.scheduler_config.max_num_seqs,
-                                     vllm_config.model_config.get_vocab_size())
+                                     vllm_config.model_config.get_vocab_size(),
+                                     self.options.recycled_top_k(self._trees_on))
         self._capture: VerificationCapture | None = None
         self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cost_model = StepCostModel()
@@ -77,7 +76,6 @@ class LookaheadProposer:
         self._depth_acceptance = [AcceptanceByDepth(self.num_speculative_tokens)
                                   for _ in range(NUM_SAMPLING_CLASSES)]
         self._tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
-        self._trees_on = bool(self.options.tree_candidates or self.options.tree_window)
         #: times decode steps for the cost model (replaced by a simulated clock in
         #: benchmarks/replay.py and the tests)
         self.clock = time.perf_counter
@@ -101,9 +99,25 @@ class LookaheadProposer:
 
     @property
     def trees_on(self) -> bool:
-        """Tree options on, and the worker's self-check of the tree step (if it has
-        run) passed."""
+        """Tree options on, and the worker's start-up decision (trees ``auto``) and
+        self-check of the tree step (if they have run) said yes."""
         return self._trees_on
+
+    @property
+    def capture_last_top_k(self) -> int:
+        """The target's top-k wanted at each row's last position, every pass (recycling)."""
+        return 0 if self._sources.recycled is None else self._sources.recycled.top_k
+
+    @property
+    def capture_top_k(self) -> int:
+        """... and at draft positions (rescoring's lattice, recycling)."""
+        return max(self.options.rescoring_top_k, self.capture_last_top_k)
+
+    @property
+    def trees_need_free_tokens(self) -> int | None:
+        """Trees ``auto``: the free tokens the worker's start-up measurement must find
+        (``on_start_cost``); None: trees do not depend on it."""
+        return self.options.tree_free_tokens if self.options.trees == "auto" else None
 
     # -- hooks called by vLLM and worker/ ------------------------------------------------
 
@@ -112,15 +126,46 @@ class LookaheadProposer:
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No draft model; called by vLLM once the target is loaded, so check binding
-        and, with tree drafts on, that the target's attention can mask trees."""
+        and, with tree drafts on, that the target's attention can mask trees (trees
+        ``on``: an error; ``auto``: linear drafts, logged)."""
         runner_state.check_bound(self._runner)
-        if self.trees_on:
+        if not self.trees_on:
+            return
+        if self.options.trees == "on":
             tree_step.check_tree_attention(self._runner)
+            return
+        problems = tree_step.tree_attention_problems(self._runner)
+        if problems:
+            if runner_state.is_first_tp_rank():
+                logger.info("vllm-lookahead: trees off (trees: auto): this model's attention "
+                            "cannot take them here: %s", "; ".join(problems))
+            self._trees_off()
+
+    def on_start_cost(self, cost: Any) -> None:
+        """Trees ``auto``: the worker measured what an extra token costs the target
+        (``worker.start_cost.StartCost``, the first tensor-parallel rank's); trees stay
+        on only where enough tokens are free."""
+        free = cost.free_tokens
+        self._stats.start_free_tokens = free
+        wanted = self.options.tree_free_tokens
+        verdict = "on" if free >= wanted else "off (linear drafts)"
+        if runner_state.is_first_tp_rank():
+            logger.info("vllm-lookahead: trees %s (trees: auto): %s; trees need %d free tokens "
+                        "(tree_free_tokens; trees: on/off decides instead)",
+                        verdict, cost.describe(), wanted)
+        if free < wanted:
+            self._trees_off()
 
     def on_tree_check(self, check: Any) -> None:
         """The worker's self-check of the tree step: if it failed, drafts stay linear."""
         self._stats.tree_check = int(check.passed)
-        self._trees_on = self._trees_on and check.passed
+        if not check.passed:
+            self._trees_off()
+
+    def _trees_off(self) -> None:
+        self._trees_on = False
+        if self.options.recycle_top_k == "auto":  # recycled top-k pays only with trees
+            self._sources.recycled = None
 
     def on_verification(self, capture: VerificationCapture) -> None:
         self._capture = capture

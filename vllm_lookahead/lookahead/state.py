@@ -142,7 +142,7 @@ class RequestStates:
             state.draft_limit = state.max_draft
             params = runner_state.sampling_params(runner, req_id)
             state.sampling_class = sampling_class(params)
-            if opts.tree_candidates or opts.tree_window:
+            if opts.tree_drafts:
                 state.tree_ok = runner_state.allows_trees(params)
             state.tree_candidates = overrides.get("tree_candidates", opts.tree_candidates)
             state.tree_window = overrides.get("tree_window", opts.tree_window)

@@ -55,6 +55,9 @@ class DrafterHooks(Protocol):
     #: the drafter will build tree drafts (read once the KV cache exists: the worker
     #: then self-checks the tree step and reports with ``on_tree_check``)
     trees_on: bool
+    #: trees only where a pass takes this many tokens for free (the worker measures it
+    #: once the KV cache exists and reports with ``on_start_cost``), or None
+    trees_need_free_tokens: int | None
 
     def bind_model_runner(self, runner: Any) -> None:
         """The runner the drafter serves (request ids per row, the KV cache)."""
@@ -75,6 +78,10 @@ class DrafterHooks(Protocol):
     def draft_tree(self, req_id: str, scheduled: list[int]) -> np.ndarray | None:
         """Parents of ``[root] + scheduled`` (the request's draft as vLLM scheduled
         it), or None to verify it as a linear draft."""
+
+    def on_start_cost(self, cost: Any) -> None:
+        """What one more token costs the target here (``start_cost.StartCost``), measured
+        before the self-check; the drafter may turn its trees off."""
 
     def on_tree_check(self, check: Any) -> None:
         """The start-up self-check of the tree step (``tree_check.TreeCheck``): trees

@@ -1,6 +1,7 @@
 """The engine core's part of tree verification and MTAD drafting: scratch blocks
 (``scratch.py``) are taken out of vLLM's KV block pool for good (handed back only for
-the moment of a prefix-cache reset); MTAD's requests get
+the moment of a prefix-cache reset), only those the workers use once their start-up
+decisions are made (lookahead's trees ``auto`` off: none); MTAD's requests get
 lookahead slots past their scheduled tokens for the auxiliary model's draft (γ tokens,
 not vLLM's ``num_speculative_tokens``, which is γ × B with ``candidates`` other than
 ``"best"``)."""
@@ -14,15 +15,21 @@ from typing import Any
 from vllm_lookahead import _patching
 from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.options import method_config, method_options
-from vllm_lookahead.worker.scratch import scratch_blocks
+from vllm_lookahead.worker.scratch import blocks_in_use, scratch_blocks
 
 logger = logging.getLogger(__name__)
+
+#: The scratch blocks the workers use, by ``id`` of the KV cache config the engine core
+#: builds its scheduler with; taken by that scheduler's ``__init__``.
+_reported: dict[int, list[int]] = {}
 
 
 def install() -> None:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched import scheduler
+    from vllm.v1.engine.core import EngineCore
 
+    _patching.wrap(EngineCore, "_initialize_kv_caches", ask_workers_for_scratch)
     _patching.wrap(scheduler.Scheduler, "__init__", hold_back_blocks)
     if isinstance(inspect.getattr_static(VllmConfig, "num_lookahead_tokens", None), property):
         _patching.wrap(VllmConfig, "num_lookahead_tokens", count_mtad_lookahead_slots)
@@ -47,11 +54,27 @@ def count_mtad_lookahead_slots(original):
     return num_lookahead_tokens
 
 
+def ask_workers_for_scratch(original):
+    """Wrap ``EngineCore._initialize_kv_caches`` (called after the engine core loads
+    plugins; the scheduler is built from what it returns): the workers have their KV
+    cache and have decided on trees (``tree_step.check_at_start``); ask every one which
+    scratch blocks it uses, so that a pool whose trees ended off holds none back."""
+    def _initialize_kv_caches(self, vllm_config, *args, **kwargs):
+        config = original(self, vllm_config, *args, **kwargs)
+        if method_config(vllm_config):
+            used = self.model_executor.collective_rpc(blocks_in_use)
+            _reported[id(config)] = sorted(set().union(*used))
+        return config
+
+    return _initialize_kv_caches
+
+
 def hold_back_blocks(original):
-    """Wrap ``Scheduler.__init__``: take the scratch blocks out with ``BlockPool.touch``;
-    for MTAD, make sure of the lookahead slots (vLLM 0.26 sets ``num_lookahead_tokens``
-    in ``__init__`` from the method, with no ``VllmConfig`` property and no estimate
-    that reads it early)."""
+    """Wrap ``Scheduler.__init__``: take the scratch blocks the workers reported out
+    with ``BlockPool.touch`` (a scheduler built without that report holds every block
+    the workers might use); for MTAD, make sure of the lookahead slots (vLLM 0.26 sets
+    ``num_lookahead_tokens`` in ``__init__`` from the method, with no ``VllmConfig``
+    property and no estimate that reads it early)."""
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         if not method_config(self.vllm_config):
@@ -59,8 +82,10 @@ def hold_back_blocks(original):
         self.num_lookahead_tokens = max(self.num_lookahead_tokens,
                                         mtad_lookahead_slots(self.vllm_config))
         config = self.kv_cache_config
-        held = scratch_blocks(self.vllm_config, config.num_blocks,
-                              config.kv_cache_groups[0].kv_cache_spec.block_size).all
+        held = _reported.pop(id(config), None)
+        if held is None:
+            held = scratch_blocks(self.vllm_config, config.num_blocks,
+                                  config.kv_cache_groups[0].kv_cache_spec.block_size).all
         if held:
             pool = self.kv_cache_manager.block_pool
             blocks = [pool.blocks[i] for i in held]

@@ -34,7 +34,7 @@ from vllm_lookahead.tree import depths_of
 from vllm_lookahead.worker import runner as runner_state
 from vllm_lookahead.worker import tree_attention, tree_step
 from vllm_lookahead.worker.auxiliary_model import common_attention_metadata
-from vllm_lookahead.worker.scratch import scratch_blocks
+from vllm_lookahead.worker.scratch import kv_block_size, runner_scratch
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class TreeCheck:
                 f"{GRAPH_MODE}): {verdict}, {found}")
 
 
-class _CannotRun(Exception):
-    pass
+class CannotRun(Exception):
+    """The check (or another start-up pass) cannot run on this runner; says why."""
 
 
 def run(runner: Any) -> TreeCheck:
@@ -105,7 +105,7 @@ def largest_difference(runner: Any) -> float:
     """Run the synthetic tree and the same tokens as linear sequences: the largest
     difference of a node's last hidden state (relative to the largest hidden value), or
     of the request's blocks after the move (relative to their largest value)."""
-    block_size = tree_step.kv_block_size(runner)
+    block_size = kv_block_size(runner)
     size = len(PARENTS)
     prefix_len = min(block_size + block_size // 2 + 1, runner.max_model_len - size - 1)
     rng = np.random.default_rng(0)
@@ -113,12 +113,12 @@ def largest_difference(runner: Any) -> float:
     prefix, nodes = rng.integers(vocab, size=prefix_len), rng.integers(vocab, size=size)
     extra = rng.integers(vocab, size=1)
 
-    free = _free_blocks(runner)
+    free = free_blocks(runner)
     request_blocks = -(-(prefix_len + size) // block_size)
     request, spare = free[:request_blocks], free[request_blocks:]
     branches = tree_attention.plan_branches(0, PARENTS, 0, prefix_len, block_size, spare)
     if len(request) < request_blocks or branches is None:
-        raise _CannotRun(f"the KV cache has too few blocks ({len(free)} free)")
+        raise CannotRun(f"the KV cache has too few blocks ({len(free)} free)")
     table = np.array([request], dtype=np.int32)
 
     # every block it computes in starts as noise: what an earlier pass left there (its
@@ -127,31 +127,31 @@ def largest_difference(runner: Any) -> float:
     _fill_with_noise(runner, request + scratch)
     # the request's prefix, as a prefill; then its tree, laid out as vLLM schedules a
     # draft (the slots of linear positions), each node at the position of its depth
-    _forward(runner, prefix, np.arange(prefix_len), table, seq_len=prefix_len,
-             slots=_slots(table, np.arange(prefix_len), block_size))
+    forward_sequence(runner, prefix, np.arange(prefix_len), table, seq_len=prefix_len,
+             slots=slots_of(table, np.arange(prefix_len), block_size))
     linear = prefix_len + np.arange(size)
     row = tree_attention.TreeRow(parents=PARENTS, first_token=0,
-                                 slots=_slots(table, linear, block_size))
+                                 slots=slots_of(table, linear, block_size))
     step = tree_step.start_step(runner, {0: row}, branches, table, {0: prefix_len})
     tree_step.begin_step(step)
-    in_tree = _forward(runner, nodes, prefix_len + depths_of(PARENTS), table,
+    in_tree = forward_sequence(runner, nodes, prefix_len + depths_of(PARENTS), table,
                        seq_len=prefix_len + size, slots=row.slots)
     tree_step.finish_step()
     # an accepted path off the first chain moved after the root, one token decoded on it
     tree_attention.move_accepted_kv(step, ACCEPTED, row.slots[1 : 1 + len(ACCEPTED)].tolist())
     after = np.array([prefix_len + 1 + len(ACCEPTED)])
-    decoded = _forward(runner, extra, after, table, seq_len=int(after[0]) + 1,
-                       slots=_slots(table, after, block_size))
+    decoded = forward_sequence(runner, extra, after, table, seq_len=int(after[0]) + 1,
+                       slots=slots_of(table, after, block_size))
 
     # every node again, in an ordinary sequence per leaf (in the branches' scratch
     # blocks, so the request's blocks keep what the move left); the accepted leaf's
     # first, to compare the request's blocks with those of a linear sequence
     reference = np.array([scratch[: table.shape[1]]], dtype=np.int32)
     if reference.shape[1] < table.shape[1]:
-        raise _CannotRun("too few scratch blocks for the reference sequences")
+        raise CannotRun("too few scratch blocks for the reference sequences")
     # the nodes past the accepted path, left by the tree pass at linear slots
     stale = prefix_len + np.arange(len(ACCEPTED) + 2, size)
-    _erase(step, _slots(table, stale, block_size))
+    _erase(step, slots_of(table, stale, block_size))
     compared = table[:, : int(after[0]) // block_size + 1]
     differences = []
     leaves = sorted(set(range(size)) - set(PARENTS.tolist()),
@@ -163,11 +163,11 @@ def largest_difference(runner: Any) -> float:
         if leaf == ACCEPTED[-1]:
             tokens, got = np.concatenate([tokens, extra]), torch.cat([got, decoded])
         positions = np.arange(len(tokens))
-        want = _forward(runner, tokens, positions, reference, seq_len=len(tokens),
-                        slots=_slots(reference, positions, block_size))[prefix_len:]
+        want = forward_sequence(runner, tokens, positions, reference, seq_len=len(tokens),
+                        slots=slots_of(reference, positions, block_size))[prefix_len:]
         differences.append(_relative(got, want))
         if leaf == ACCEPTED[-1]:
-            _erase(step, _slots(reference, stale, block_size))
+            _erase(step, slots_of(reference, stale, block_size))
             differences.append(_relative(_blocks(runner, compared),
                                          _blocks(runner, reference[:, : compared.shape[1]])))
     return max(differences)
@@ -178,7 +178,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max()) / scale if scale else math.inf
 
 
-def _slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+def slots_of(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
     return table[0, positions // block_size].astype(np.int64) * block_size \
         + positions % block_size
 
@@ -198,13 +198,12 @@ def _blocks(runner: Any, table: np.ndarray) -> torch.Tensor:
                         for stacked in caches for block in table[0]])
 
 
-def _free_blocks(runner: Any) -> list[int]:
+def free_blocks(runner: Any) -> list[int]:
     """Blocks no request holds before the first one is scheduled: all but vLLM's null
     block (0) and the blocks held back as scratch."""
-    config = runner.kv_cache_config
-    held = set(scratch_blocks(runner.vllm_config, config.num_blocks,
-                              tree_step.kv_block_size(runner)).all)
-    return [block for block in range(1, config.num_blocks) if block not in held]
+    held = set(runner_scratch(runner).all)
+    return [block for block in range(1, runner.kv_cache_config.num_blocks)
+            if block not in held]
 
 
 def _fill_with_noise(runner: Any, blocks: list[int]) -> None:
@@ -216,8 +215,8 @@ def _fill_with_noise(runner: Any, blocks: list[int]) -> None:
             stacked.select(dim + 1, block).normal_(generator=generator)
 
 
-def _forward(runner: Any, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray,
-             seq_len: int, slots: np.ndarray) -> torch.Tensor:
+def forward_sequence(runner: Any, tokens: np.ndarray, positions: np.ndarray,
+                     table: np.ndarray, seq_len: int, slots: np.ndarray) -> torch.Tensor:
     """Last hidden states of one sequence's ``tokens`` (its queries, at ``positions``,
     written to ``slots``), ``seq_len`` tokens in context, through the serving model,
     metadata builders and kernels."""
@@ -236,5 +235,5 @@ def _forward(runner: Any, tokens: np.ndarray, positions: np.ndarray, table: np.n
         hidden = runner.model(input_ids=torch.from_numpy(tokens.astype(np.int64)).to(device),
                               positions=torch.from_numpy(positions.astype(np.int64)).to(device))
     if not isinstance(hidden, torch.Tensor):
-        raise _CannotRun("the model returned no hidden states (pipeline parallelism?)")
+        raise CannotRun("the model returned no hidden states (pipeline parallelism?)")
     return hidden.float()

@@ -19,7 +19,7 @@ from vllm_lookahead import _patching
 from vllm_lookahead.tree import depths_of, is_chain
 from vllm_lookahead.worker import tree_attention
 from vllm_lookahead.worker.hooks import DrafterHooks, hook
-from vllm_lookahead.worker.scratch import scratch_blocks
+from vllm_lookahead.worker.scratch import kv_block_size, runner_scratch
 
 # One model runner per worker process, hence one step's trees at a time.
 _step: tree_attention.TreeStep | None = None
@@ -75,16 +75,21 @@ def run_tree_steps_eagerly(runner: Any) -> None:
 def check_at_start(runner: Any, source: DrafterHooks) -> None:
     """Wrap ``runner.initialize_kv_cache`` (instance attribute): once the KV cache and
     its metadata builders exist (not the minimal cache of vLLM's CUDA-graph profiling),
-    wrap the builders and run the tree step's self-check (``tree_check``); the drafter
-    gets its verdict before the first request."""
-    from vllm_lookahead.worker import attention_backends, tree_check
+    measure what an extra token costs if the drafter's trees depend on it
+    (``start_cost``), then wrap the builders and run the tree step's self-check
+    (``tree_check``); the drafter gets both before the first request."""
+    from vllm_lookahead.worker import attention_backends, start_cost, tree_check
 
     original = runner.initialize_kv_cache
 
     def initialize_kv_cache(kv_cache_config, *args, **kwargs):
         result = original(kv_cache_config, *args, **kwargs)
         is_profiling = kwargs.get("is_profiling", args[0] if args else False)
-        if not is_profiling and hook(source, "trees_on"):
+        if is_profiling or not hook(source, "trees_on"):
+            return result
+        if hook(source, "trees_need_free_tokens") is not None:
+            source.on_start_cost(start_cost.measure(runner))
+        if source.trees_on:
             wrap_metadata_builders(runner)
             attention_backends.wrap_forwards([layer.impl for layer in _attention_layers(runner)])
             check = tree_check.run(runner)
@@ -111,7 +116,7 @@ def _trees_of_step(runner: Any, source: DrafterHooks, scheduler_output: Any
     query_starts = runner.query_start_loc.np
     slot_mapping = batch.block_table[0].slot_mapping.gpu
     block_size = kv_block_size(runner)
-    free_blocks = list(scratch_tree_blocks(runner))
+    free_blocks = list(runner_scratch(runner).trees)
     rows, branches, prefixes = {}, [], {}
     for row, req_id in enumerate(batch.req_ids):
         scheduled = spec_tokens.get(req_id)
@@ -166,15 +171,6 @@ def layer_caches(runner: Any) -> tuple[list[torch.Tensor], int]:
             tree_attention.stacked(runner.kv_caches), tree_attention.block_dim(backend, first))
     return found
 
-
-def kv_block_size(runner: Any) -> int:
-    return runner.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
-
-
-def scratch_tree_blocks(runner: Any) -> list[int]:
-    """The tree blocks ``scheduler.hold_back_blocks`` took out of the scheduler's pool."""
-    return scratch_blocks(runner.vllm_config, runner.kv_cache_config.num_blocks,
-                          kv_block_size(runner)).trees
 
 
 def wrap_metadata_builders(runner: Any) -> None:

@@ -73,12 +73,13 @@ class DraftSources:
     """Builds each step's main drafts; holds the corpus and the batch's match buffers."""
 
     def __init__(self, options: LookaheadOptions, max_draft: int, max_rows: int,
-                 vocab_size: int):
+                 vocab_size: int, recycle_top_k: int):
         self.options = options
         self.corpus = ResponseCorpus(options.corpus_tokens)
         self.corpus_acceptance = TokenAcceptance()
-        self.recycled = (RecycledTopK(vocab_size, options.recycle_top_k)
-                         if options.recycle_top_k else None)
+        #: Token Recycling's table (None: off; the proposer drops it where trees end off
+        #: and ``recycle_top_k`` is ``auto``)
+        self.recycled = RecycledTopK(vocab_size, recycle_top_k) if recycle_top_k else None
         self._match_out = np.zeros((max_rows, max_draft), dtype=np.int32)
         self._match_count = np.zeros(max_rows, dtype=np.int64)
         self._match_len = np.zeros(max_rows, dtype=np.int64)

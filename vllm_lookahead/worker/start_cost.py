@@ -1,0 +1,101 @@
+"""What one more verified token costs the target on this device, measured once at
+start-up, for trees ``auto`` (``tree_step.check_at_start``).
+
+Trees pay where extra tokens in a pass are nearly free: a GPU at small batch computes
+a pass of 30 tokens in about the time of one, a small CPU takes a few percent more per
+token. Before the first request, each worker times forward passes of the target with
+one query token and with ``EXTRA_TOKENS`` more, through the serving model, metadata
+builders, kernels and dtype (eager, as tree steps run), in KV blocks no request holds
+yet; the first tensor-parallel rank's numbers decide for all ranks. The online cost
+model (``lookahead/budget.py``) then keeps deciding per step, under load too.
+
+| vLLM attribute | use | why | verified on |
+|---|---|---|---|
+| what ``tree_check.forward_sequence`` calls (its table) | called | the passes timed | 0.32.0, 0.26.0 (CPU) |
+| ``runner.device``, ``runner.model_config.get_vocab_size()`` | read | where to synchronize; token ids | 0.32.0, 0.26.0 (CPU) |
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import tree_check
+from vllm_lookahead.worker.scratch import kv_block_size
+
+#: Query tokens the longer pass adds (about a tree's nodes).
+EXTRA_TOKENS = 32
+#: Timed pairs of passes (after one untimed pair); the medians count.
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class StartCost:
+    pass_seconds: float  # a pass of one query token (nan: not measured)
+    token_seconds: float  # each query token more
+    reason: str = ""  # why it could not be measured
+
+    @property
+    def free_tokens(self) -> float:
+        """The pass's fixed cost in units of one more token's (0 if not measured)."""
+        if self.reason or math.isnan(self.pass_seconds):
+            return 0.0
+        if self.token_seconds <= 0:
+            return math.inf
+        return max(self.pass_seconds - self.token_seconds, 0.0) / self.token_seconds
+
+    def describe(self) -> str:
+        if self.reason:
+            return f"start-up cost not measured ({self.reason})"
+        return (f"a forward pass takes {self.pass_seconds * 1e3:.2f} ms and each token "
+                f"more {self.token_seconds * 1e3:.3f} ms here: {self.free_tokens:.0f} "
+                "free tokens")
+
+
+@torch.inference_mode()
+def measure(runner: Any) -> StartCost:
+    """Time the target's passes on ``runner`` (every rank runs them: tensor-parallel
+    passes are collective); the first rank's result."""
+    try:
+        cost = _timed_passes(runner)
+    except Exception as exc:  # noqa: BLE001 - no measurement: trees auto stays linear
+        cost = StartCost(math.nan, math.nan, f"{type(exc).__name__}: {exc}")
+    return runner_state.broadcast_from_first_tp_rank(cost)
+
+
+def _timed_passes(runner: Any) -> StartCost:
+    block_size = kv_block_size(runner)
+    longest = 1 + EXTRA_TOKENS
+    blocks = tree_check.free_blocks(runner)[: -(-longest // block_size)]
+    if len(blocks) * block_size < longest or runner.max_model_len < longest:
+        raise tree_check.CannotRun("the KV cache has too few free blocks")
+    table = np.array([blocks], dtype=np.int32)
+    tokens = np.random.default_rng(0).integers(runner.model_config.get_vocab_size(),
+                                               size=longest)
+
+    def seconds(size: int) -> float:
+        positions = np.arange(size)
+        _synchronize(runner.device)
+        start = time.perf_counter()
+        tree_check.forward_sequence(runner, tokens[:size], positions, table, seq_len=size,
+                                    slots=tree_check.slots_of(table, positions, block_size))
+        _synchronize(runner.device)
+        return time.perf_counter() - start
+
+    seconds(1), seconds(longest)  # warm-up
+    pairs = [(seconds(1), seconds(longest)) for _ in range(REPEATS)]
+    one = statistics.median(short for short, _ in pairs)
+    extra = statistics.median(long - short for short, long in pairs) / EXTRA_TOKENS
+    return StartCost(pass_seconds=one, token_seconds=extra)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
