@@ -639,14 +639,14 @@ def test_sampled_requests_keep_their_own_acceptance_estimates():
 
 
 def test_trees_auto_follow_the_start_up_cost_and_take_recycling_with_them():
-    from vllm_lookahead.lookahead.options import RECYCLE_TOP_K_WITH_TREES
+    from vllm_lookahead.lookahead.options import AUTO_TREE_FREE_TOKENS, RECYCLE_TOP_K_WITH_TREES
     from vllm_lookahead.worker.start_cost import StartCost
 
     cheap = StartCost(pass_seconds=0.010, token_seconds=0.00002)  # 499 free tokens
     dear = StartCost(pass_seconds=0.030, token_seconds=0.001)  # 29
     assert round(cheap.free_tokens) == 499 and round(dear.free_tokens) == 29
     proposer, _ = make_proposer(trees="auto", rescoring_top_k=3)
-    assert proposer.trees_need_free_tokens == 100 and proposer.trees_on
+    assert proposer.trees_need_free_tokens == AUTO_TREE_FREE_TOKENS and proposer.trees_on
     proposer.on_start_cost(cheap)
     assert proposer.trees_on and proposer.stats.start_free_tokens == cheap.free_tokens
     assert proposer.capture_last_top_k == RECYCLE_TOP_K_WITH_TREES

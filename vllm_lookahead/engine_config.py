@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from typing import Any
 
 from vllm_lookahead import _patching
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.lookahead.options import REQUEST_KEY_PREFIX, LookaheadOptions, request_overrides
 from vllm_lookahead.proposer import METHODS, Method, method_by_model_alias
 from vllm_lookahead.options import (
@@ -32,7 +32,7 @@ from vllm_lookahead.options import (
 )
 from vllm_lookahead.vllm_support import SUPPORTED_VLLM, missing_features, vllm_version
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: ``SpeculativeConfig`` fields that mean something for our methods.
 SPEC_FIELDS_ACCEPTED = ("method", "model", "num_speculative_tokens")

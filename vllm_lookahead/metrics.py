@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
-import logging
 import math
 import os
 import shutil
@@ -36,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_lookahead import _patching
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.options import method_config
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 SNAPSHOT_INTERVAL_S = 1.0
 

@@ -7,9 +7,9 @@ is idempotent: the configuration layer (``engine_config.py``), the metrics expor
 
 from __future__ import annotations
 
-import logging
+from vllm_lookahead.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def register() -> None:

@@ -12,12 +12,15 @@ from vllm_lookahead.options import MethodOptions, check_value, option_field, opt
 #: K when ``num_speculative_tokens`` is not given.
 DEFAULT_SPEC_TOKENS = 24
 TREE_MODES = ("auto", "on", "off")
-#: trees ``auto``: the free tokens (start-up measurement) that turn trees on. A tree
-#: node costs about two linear draft tokens (``trees.TREE_NODE_COST``) and yielded
-#: 0.02-0.06 accepted tokens (benchmarks/README.md, runs (v), (w), (al)); at batch 1,
-#: with ~2.5 tokens per pass and ~30 tokens in the step, it pays from about 100 free
-#: tokens (``budget.TreeYield.pays``). 2 CPU cores measured 15-30 for SmolLM2-135M.
-AUTO_TREE_FREE_TOKENS = 100
+#: trees ``auto``: the free tokens (start-up measurement) that turn trees on. In every
+#: step, trees (4 candidates, window 4, recycled chains, K 24) raised S about 1.4x over
+#: the linear drafts for ~25 more verified tokens and a tree step's own work (root block
+#: copies, path writes, the prefix read once per branch), together 50-60 tokens' worth
+#: at 88-98 free tokens, where they made 0.91-0.98x the linear drafts' tokens/s
+#: (benchmarks/README.md, run (ao)): they break even near 130. Two CPUs measured 15-30
+#: (AMD EPYC, an earlier session's note) and 88-111 (Intel Xeon) for SmolLM2-135M; a
+#: GPU at small batch should measure hundreds and more (not run).
+AUTO_TREE_FREE_TOKENS = 150
 #: ``recycle_top_k: "auto"`` where trees are on.
 RECYCLE_TOP_K_WITH_TREES = 8
 

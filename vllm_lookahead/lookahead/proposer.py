@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.lookahead import feedback, trees
 from vllm_lookahead.lookahead.budget import (
     NUM_SAMPLING_CLASSES,
@@ -45,7 +46,7 @@ from vllm_lookahead.worker import runner as runner_state
 from vllm_lookahead.worker import tree_step
 from vllm_lookahead.worker.hooks import VerificationCapture
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Seconds between two debug lines explaining the cost-aware cut.
 CUT_LOG_INTERVAL_S = 10.0
@@ -148,11 +149,10 @@ class LookaheadProposer:
         free = cost.free_tokens
         self._stats.start_free_tokens = free
         wanted = self.options.tree_free_tokens
-        verdict = "on" if free >= wanted else "off (linear drafts)"
+        verdict = "on, if the self-check passes" if free >= wanted else "off, drafts are linear"
         if runner_state.is_first_tp_rank():
-            logger.info("vllm-lookahead: trees %s (trees: auto): %s; trees need %d free tokens "
-                        "(tree_free_tokens; trees: on/off decides instead)",
-                        verdict, cost.describe(), wanted)
+            logger.info("vllm-lookahead: trees auto: %s: %s; trees need %d (tree_free_tokens; "
+                        "trees on / off skips the measurement)", verdict, cost.describe(), wanted)
         if free < wanted:
             self._trees_off()
 

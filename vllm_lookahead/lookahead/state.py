@@ -4,12 +4,12 @@ is preempted, and rebuilt from the context when a preempted request resumes."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.lookahead.budget import sampling_class
 from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
@@ -19,7 +19,7 @@ from vllm_lookahead.worker import runner as runner_state
 if TYPE_CHECKING:  # drafts.py imports this module
     from vllm_lookahead.lookahead.sources.drafts import Draft
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Adaptive draft length (``adaptive_draft_length``): growth after a fully accepted
 #: draft and slack over the accepted count after a rejection. Chosen by replaying

@@ -24,7 +24,6 @@ takes the same decisions.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.metrics import ProposerStats, SnapshotWriter
 from vllm_lookahead.mtad.acceptance import joint_accept
 from vllm_lookahead.mtad.beams import AuxiliaryState, Beams, BeamSampler, DraftJob
@@ -41,7 +41,7 @@ from vllm_lookahead.tree import TreeBuilder, first_chain, is_chain
 from vllm_lookahead.worker import runner as runner_state
 from vllm_lookahead.worker import sampler, tree_step
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass

@@ -7,18 +7,18 @@ This module is the only reader of vLLM's ``sampling_metadata``.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
 import torch
 
 from vllm_lookahead import _patching
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.tree import accepted_path, path_by_tokens
 from vllm_lookahead.worker import tree_attention, tree_step
 from vllm_lookahead.worker.hooks import AcceptanceRule, VerificationCapture, hook
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # One model runner per worker process, hence one drafter observing verification and
 # one acceptance rule.

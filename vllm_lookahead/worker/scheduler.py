@@ -9,15 +9,15 @@ not vLLM's ``num_speculative_tokens``, which is γ × B with ``candidates`` othe
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any
 
 from vllm_lookahead import _patching
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.options import method_config, method_options
 from vllm_lookahead.worker.scratch import blocks_in_use, scratch_blocks
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The scratch blocks the workers use, by ``id`` of the KV cache config the engine core
 #: builds its scheduler with; taken by that scheduler's ``__init__``.

@@ -22,7 +22,6 @@ filled with noise, so a missing copy, write or move cannot pass.
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +29,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_lookahead.log import get_logger
 from vllm_lookahead.tree import depths_of
 from vllm_lookahead.worker import runner as runner_state
 from vllm_lookahead.worker import tree_attention, tree_step
 from vllm_lookahead.worker.auxiliary_model import common_attention_metadata
 from vllm_lookahead.worker.scratch import kv_block_size, runner_scratch
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The synthetic tree: a first chain of three nodes, a one-node branch off it, a
 #: three-node chain and a single node off the root (three branches, depths 1 to 3).
