@@ -16,7 +16,7 @@ TREE_MODES = ("auto", "on", "off")
 #: step, trees (4 candidates, window 4, recycled chains, K 24) raised S about 1.4x over
 #: the linear drafts for ~25 more verified tokens and a tree step's own work (root block
 #: copies, path writes, the prefix read once per branch), together 50-60 tokens' worth
-#: at 88-98 free tokens, where they made 0.91-0.98x the linear drafts' tokens/s
+#: at 88-98 free tokens, where they made 0.91-0.99x the linear drafts' tokens/s
 #: (benchmarks/README.md, run (ao)): they break even near 130. Two CPUs measured 15-30
 #: (AMD EPYC, an earlier session's note) and 88-111 (Intel Xeon) for SmolLM2-135M; a
 #: GPU at small batch should measure hundreds and more (not run).
@@ -155,12 +155,11 @@ class LookaheadOptions(MethodOptions):
     def from_dict(cls, values: dict[str, Any] | None) -> "LookaheadOptions":
         options = super().from_dict(values)
         if options.tree_window and options.ngram_size < 3:
-            if "tree_window" not in (values or {}):  # the default window needs N >= 3
-                options = dataclasses.replace(options, tree_window=0)
-        if options.tree_window and options.ngram_size < 3:
-            raise ValueError(
-                "lookahead: tree_window needs ngram_size >= 3 (its levels are the n-gram's "
-                f"continuation tokens; got ngram_size {options.ngram_size})")
+            if "tree_window" in (values or {}):
+                raise ValueError(
+                    "lookahead: tree_window needs ngram_size >= 3 (its levels are the "
+                    f"n-gram's continuation tokens; got ngram_size {options.ngram_size})")
+            options = dataclasses.replace(options, tree_window=0)  # the default's window
         if options.suffix_match_min > options.suffix_match_max:
             raise ValueError(
                 "lookahead: suffix_match_min must be <= suffix_match_max "
