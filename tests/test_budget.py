@@ -82,6 +82,38 @@ def test_sparse_deep_positions_do_not_vanish():
     assert depth.survival()[23] > 0.3
 
 
+def test_acceptance_is_kept_per_source_of_each_draft_token():
+    """Drafts of a matched span (source 0) continued from the pool (source 1): the
+    span's tokens are confirmed, the pool's are not; each source has its own rates."""
+    depth = AcceptanceByDepth(max_depth=6, num_sources=2, decay=1.0)
+    sources = np.array([0, 0, 0, 1, 1, 1])
+    for _ in range(20):
+        depth.add(0, 4, 3, sources)  # three matched tokens right, the first pool token wrong
+    for _ in range(20):
+        depth.add(0, 1, 0, np.array([1] * 6))  # pool-only drafts: the first token wrong
+    rates = depth.conditional_rates()
+    assert rates[0, 1] > 0.9 and rates[0, 2] > 0.9  # the span's 2nd and 3rd tokens
+    assert rates[1, 3] < 0.1  # a pool token after the span
+    assert depth.first_token_rate(0) > 0.9 and depth.first_token_rate(1) < 0.1
+    assert depth.first_token_rate() == pytest.approx((20 + 1) / (40 + 2))
+    mixed = depth.survival(sources)
+    assert mixed[2] > 0.8 and mixed[3] < 0.1 * mixed[2]
+    # a fourth token from the span (never seen there) keeps the span's rate
+    assert depth.survival(np.zeros(6, dtype=np.int64))[3] > 0.8
+
+
+def test_the_cut_keeps_matched_tokens_deeper_than_pool_guesses():
+    depth = AcceptanceByDepth(max_depth=8, num_sources=2, decay=1.0)
+    for _ in range(30):
+        depth.add(0, 8, 8, np.zeros(8, dtype=np.int64))  # matched spans: right
+        depth.add(0, 2, 1, np.array([0] + [1] * 7))  # pool tokens: wrong
+    matched = depth.survival(np.zeros(8, dtype=np.int64))
+    guessed = depth.survival(np.array([0] + [1] * 7))
+    kept = affordable_draft_lengths(np.array([8, 8]), np.array([0.9, 0.9]),
+                                    np.stack([matched, guessed]), free_tokens=6.0)
+    assert kept[0] == 8 and kept[1] <= 1
+
+
 def expected_rate(kept, probs, free_tokens):
     expected = len(kept) + sum(sum(p[:keep]) for keep, p in zip(kept, probs))
     return expected / (free_tokens + len(kept) + sum(kept))

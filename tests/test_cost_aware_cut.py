@@ -87,8 +87,10 @@ def test_drafts_that_are_rarely_right_are_cut_to_almost_nothing():
 def test_hindsight_settles_drafts_against_the_generated_text():
     hindsight = Hindsight()
     context = np.array([9, 9, 1, 2, 3, 4, 5, 6])
-    hindsight.propose(start=2, tokens=np.array([1, 2, 7]), kept=1, max_pending=4)  # 3rd wrong
-    hindsight.propose(start=3, tokens=np.array([2, 3, 4, 5]), kept=0, max_pending=4)  # right
+    hindsight.propose(start=2, tokens=np.array([1, 2, 7]), sources=np.zeros(3, int), kept=1,
+                      max_pending=4)  # 3rd wrong
+    hindsight.propose(start=3, tokens=np.array([2, 3, 4, 5]), sources=np.zeros(4, int), kept=0,
+                      max_pending=4)  # right
     first, second = hindsight.settle(context, num_tokens=4)  # tokens up to 2 generated
     assert (first.first, first.compared, first.confirmed) == (0, 2, 2)
     assert (second.first, second.compared, second.confirmed) == (0, 1, 1)
@@ -98,7 +100,7 @@ def test_hindsight_settles_drafts_against_the_generated_text():
     assert (second.first, second.compared, second.confirmed) == (1, 3, 3)
     assert hindsight.pending == [] and hindsight.settle(context, 8) == []
     for start in range(10):  # never more pending than the bound
-        hindsight.propose(start, np.array([1]), kept=0, max_pending=4)
+        hindsight.propose(start, np.array([1]), np.zeros(1, int), kept=0, max_pending=4)
     assert [draft.start for draft in hindsight.pending] == [6, 7, 8, 9]
 
 
@@ -138,8 +140,15 @@ def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch
         replayers.append(LookaheadReplayer(DEFAULT))
         return replayers[-1]
 
-    with caplog.at_level("DEBUG", logger="vllm_lookahead.lookahead.proposer"):
-        replay(make_replayer, list(synthetic_requests().values()), EXPENSIVE)
+    # our loggers sit under vLLM's, which does not propagate to the root once vLLM has
+    # configured it: the capture is attached to the proposer's logger itself
+    logger = proposer_module.logger
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("DEBUG", logger=logger.name):
+            replay(make_replayer, list(synthetic_requests().values()), EXPENSIVE)
+    finally:
+        logger.removeHandler(caplog.handler)
     stats = replayers[0].proposer.stats
     # plain Python numbers: vLLM's RPC decoder does not rebuild numpy scalars, and a
     # collective_rpc for these stats then never returned

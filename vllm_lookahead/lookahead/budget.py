@@ -130,18 +130,22 @@ class StepCostModel:
 
 
 class AcceptanceByDepth:
-    """Worker-wide acceptance by draft position for one sampling class, from recent
-    drafts checked in hindsight (``hindsight.py``: every proposed draft, also the tokens
-    the cut dropped).
+    """Worker-wide acceptance by draft position and by the source of each draft token,
+    for one sampling class, from recent drafts checked in hindsight (``hindsight.py``:
+    every proposed draft, also the tokens the cut dropped).
 
-    ``survival()[j-1]`` estimates P(token j accepted | token 1 accepted). Acceptance is
-    far from geometric: a draft whose first tokens were right (a copied span) tends to
-    stay right, so deep tokens are conditioned on the ones before them, per position.
+    Acceptance is far from geometric: a draft whose first tokens were right (a copied
+    span) tends to stay right, so deep tokens are conditioned on the ones before them,
+    per position. And it differs by source: a token the context's own repeat drafted is
+    accepted several times as often as one the n-gram pool guessed, so each source has
+    its rates, and a draft's estimate follows the sources of its tokens.
     """
 
-    def __init__(self, max_depth: int, decay: float = WORKER_DECAY):
-        self._reached = np.zeros(max_depth)  # drafts checked at position j
-        self._accepted = np.zeros(max_depth)  # ... and right there
+    def __init__(self, max_depth: int, num_sources: int = 1, decay: float = WORKER_DECAY):
+        # drafts checked at position j whose token there came from source s, and those
+        # right there
+        self._reached = np.zeros((num_sources, max_depth))
+        self._accepted = np.zeros((num_sources, max_depth))
         self._decay = decay
 
     def decay(self) -> None:
@@ -149,29 +153,50 @@ class AcceptanceByDepth:
         self._reached *= self._decay
         self._accepted *= self._decay
 
-    def add(self, first: int, compared: int, confirmed: int) -> None:
+    def add(self, first: int, compared: int, confirmed: int,
+            sources: np.ndarray | None = None) -> None:
         """Draft positions ``[first, first + compared)`` were checked against the text
-        that followed, and the first ``confirmed`` of them were right."""
-        self._reached[first : first + compared] += 1
-        self._accepted[first : first + confirmed] += 1
+        that followed, and the first ``confirmed`` of them were right; ``sources``: the
+        source of each of the draft's tokens (all source 0 if None)."""
+        checked = np.arange(first, first + compared)
+        rows = np.zeros(compared, dtype=np.int64) if sources is None else sources[checked]
+        np.add.at(self._reached, (rows, checked), 1)
+        np.add.at(self._accepted, (rows[:confirmed], checked[:confirmed]), 1)
 
-    def first_token_rate(self) -> float:
-        """Acceptance of first draft tokens over all requests: the prior of each
-        request's own rate (smoothed towards ``PRIOR_FIRST_RATE``)."""
-        return ((self._accepted[0] + PRIOR_WEIGHT * PRIOR_FIRST_RATE)
-                / (self._reached[0] + PRIOR_WEIGHT))
+    def first_token_rate(self, source: int | None = None) -> float:
+        """Acceptance of first draft tokens (from ``source``, or from any): the prior of
+        each request's own rate (smoothed towards ``PRIOR_FIRST_RATE``)."""
+        rows = slice(None) if source is None else source
+        accepted, reached = self._accepted[rows, 0].sum(), self._reached[rows, 0].sum()
+        return (accepted + PRIOR_WEIGHT * PRIOR_FIRST_RATE) / (reached + PRIOR_WEIGHT)
 
-    def survival(self) -> np.ndarray:
-        """Deep positions are reached rarely: each rate is smoothed towards the one
-        before it (``PRIOR_WEIGHT`` pseudo-verifications), not towards a constant,
-        which would compound into a vanishing estimate for long copied spans."""
-        conditional = np.ones(len(self._reached))
-        rate = PRIOR_DEPTH_RATE
-        for j in range(1, len(conditional)):
-            rate = ((self._accepted[j] + PRIOR_WEIGHT * rate)
-                    / (self._reached[j] + PRIOR_WEIGHT))
-            conditional[j] = rate
-        return np.cumprod(conditional)
+    def conditional_rates(self) -> np.ndarray:
+        """``[s, j]``: P(token j+1 accepted | the tokens before it were), for a token from
+        source s (column 0 is 1: the first token's rate is the request's own). Deep
+        positions are reached rarely: each rate is smoothed towards the source's rate
+        at the position before (``PRIOR_WEIGHT`` pseudo-verifications), not towards a
+        constant, which would compound into a vanishing estimate for long copied spans."""
+        num_sources, depth = self._reached.shape
+        rates = np.ones((num_sources, depth))
+        rate = np.full(num_sources, PRIOR_DEPTH_RATE)
+        for j in range(1, depth):
+            rate = ((self._accepted[:, j] + PRIOR_WEIGHT * rate)
+                    / (self._reached[:, j] + PRIOR_WEIGHT))
+            rates[:, j] = rate
+        return rates
+
+    def survival(self, sources: np.ndarray | None = None) -> np.ndarray:
+        """P(token j accepted | token 1 accepted) at index j-1, for a draft whose tokens
+        came from ``sources`` (source 0 throughout, all positions, if None)."""
+        rates = self.conditional_rates()
+        return survival_along(rates, np.zeros(rates.shape[1], dtype=np.int64)
+                              if sources is None else sources)
+
+
+def survival_along(rates: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    """``AcceptanceByDepth.survival`` from its ``conditional_rates`` (computed once a
+    step, for every draft of the sampling class)."""
+    return np.cumprod(rates[sources, np.arange(len(sources))])
 
 
 class TreeYield:

@@ -25,6 +25,7 @@ class ProposedDraft:
 
     start: int  # context position of its first token
     tokens: np.ndarray
+    sources: np.ndarray  # each token's source (``drafts.TOKEN_SOURCES``)
     kept: int  # leading tokens the cut left to be verified
     matched: int = 0  # leading tokens the generated text has confirmed so far
 
@@ -39,6 +40,7 @@ class Outcome:
     compared: int
     confirmed: int
     cut_confirmed: int  # matched tokens among those the cut had dropped
+    sources: np.ndarray  # the source of each of the draft's tokens
 
 
 @dataclass
@@ -51,12 +53,13 @@ class Hindsight:
 
     pending: list[ProposedDraft] = field(default_factory=list)
 
-    def propose(self, start: int, tokens: np.ndarray, kept: int, max_pending: int) -> None:
+    def propose(self, start: int, tokens: np.ndarray, sources: np.ndarray, kept: int,
+                max_pending: int) -> None:
         if not len(tokens):
             return
         if len(self.pending) >= max_pending:
             del self.pending[: len(self.pending) - max_pending + 1]
-        self.pending.append(ProposedDraft(start, tokens, kept))
+        self.pending.append(ProposedDraft(start, tokens, sources, kept))
 
     def settle(self, context: np.ndarray, num_tokens: int) -> list[Outcome]:
         """Compare the pending drafts with the context's tokens up to ``num_tokens``;
@@ -74,7 +77,7 @@ class Hindsight:
             draft.matched = first + confirmed
             cut_confirmed = max(0, draft.matched - max(first, draft.kept))
             compared = confirmed + (1 if len(differs) else 0)
-            outcomes.append(Outcome(first, compared, confirmed, cut_confirmed))
+            outcomes.append(Outcome(first, compared, confirmed, cut_confirmed, draft.sources))
             if not len(differs) and draft.matched < len(draft.tokens):
                 still_pending.append(draft)
         self.pending = still_pending

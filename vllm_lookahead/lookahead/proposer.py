@@ -31,9 +31,10 @@ from vllm_lookahead.lookahead.budget import (
     StepCostModel,
     TreeYield,
     cut_to_budget,
+    survival_along,
 )
 from vllm_lookahead.lookahead.options import LookaheadOptions
-from vllm_lookahead.lookahead.sources.drafts import Draft, DraftSources
+from vllm_lookahead.lookahead.sources.drafts import TOKEN_SOURCES, Draft, DraftSources
 from vllm_lookahead.lookahead.state import RequestState, RequestStates
 from vllm_lookahead.metrics import (
     ACCEPTED_SOURCES,
@@ -74,7 +75,8 @@ class LookaheadProposer:
         self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cost_model = StepCostModel()
         #: worker-wide estimates, by sampling class (``budget.sampling_class``)
-        self._depth_acceptance = [AcceptanceByDepth(self.num_speculative_tokens)
+        self._depth_acceptance = [AcceptanceByDepth(self.num_speculative_tokens,
+                                                    len(TOKEN_SOURCES))
                                   for _ in range(NUM_SAMPLING_CLASSES)]
         self._tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
         #: times decode steps for the cost model (replaced by a simulated clock in
@@ -276,7 +278,8 @@ class LookaheadProposer:
         for outcome in state.hindsight.settle(context, num_tokens):
             if outcome.first == 0:
                 state.count_first_token(outcome.confirmed > 0)
-            depth_acceptance.add(outcome.first, outcome.compared, outcome.confirmed)
+            depth_acceptance.add(outcome.first, outcome.compared, outcome.confirmed,
+                                 outcome.sources)
             self._stats.cut_tokens_confirmed += outcome.cut_confirmed
 
     def _learn(self, state: RequestState, emitted: list[int],
@@ -324,10 +327,11 @@ class LookaheadProposer:
         free_tokens = self._step_budget()
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
-            self._stats.cut_tokens += self._cut(main, states, free_tokens)
+            sources = [draft.token_sources() for draft in main]
+            self._stats.cut_tokens += self._cut(main, sources, states, free_tokens)
             for b, state in enumerate(states):
-                state.hindsight.propose(int(num_tokens[b]), proposed[b], len(main[b].tokens),
-                                        state.max_draft)
+                state.hindsight.propose(int(num_tokens[b]), proposed[b], sources[b],
+                                        len(main[b].tokens), state.max_draft)
             self._stats.free_tokens = math.inf if free_tokens is None else free_tokens
             self._cut_log.maybe_log(self._stats, self.cost_model)
         for row, draft in zip(rows, main):
@@ -344,17 +348,23 @@ class LookaheadProposer:
                 self._count_by_source(draft, len(draft.tokens), DRAFT_SOURCES)
         return drafts
 
-    def _cut(self, main: list[Draft], states: list[RequestState],
+    def _cut(self, main: list[Draft], sources: list[np.ndarray], states: list[RequestState],
              free_tokens: float | None) -> int:
-        """Cut the main drafts to the step's budget, each request's tokens estimated
-        by its own first-token rate and its sampling class's acceptance by depth."""
+        """Cut the main drafts to the step's budget, each token's acceptance estimated
+        by its request's own first-token rate and its sampling class's acceptance by
+        depth of tokens from the same sources."""
         classes = [state.sampling_class for state in states]
         by_class = {c: self._depth_acceptance[c] for c in set(classes)}
-        survivals = {c: depth.survival() for c, depth in by_class.items()}
-        first_rates = [state.first_token_rate(by_class[c].first_token_rate())
-                       for state, c in zip(states, classes)]
-        return cut_to_budget([draft.tokens for draft in main], first_rates,
-                             np.stack([survivals[c] for c in classes]), free_tokens)
+        rates = {c: depth.conditional_rates() for c, depth in by_class.items()}
+        survival = np.ones((len(main), self.num_speculative_tokens))
+        first_rates = []
+        for b, (state, c) in enumerate(zip(states, classes)):
+            if len(sources[b]):
+                survival[b, : len(sources[b])] = survival_along(rates[c], sources[b])
+            source = int(sources[b][0]) if len(sources[b]) else None
+            first_rates.append(state.first_token_rate(by_class[c].first_token_rate(source)))
+        return cut_to_budget([draft.tokens for draft in main], first_rates, survival,
+                             free_tokens)
 
     def _step_budget(self) -> float | None:
         """Tokens the step affords for free (``cost_aware_drafts``; None before the cost

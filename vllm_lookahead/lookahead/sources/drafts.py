@@ -15,6 +15,11 @@ from vllm_lookahead.lookahead.sources.rescoring import rescored
 from vllm_lookahead.lookahead.state import RequestState
 
 
+#: Where a main draft's tokens come from, in the order of ``Draft.token_sources`` and of
+#: the rows of ``budget.AcceptanceByDepth``.
+TOKEN_SOURCES = ("context", "corpus", "lattice", "pool", "recycled")
+
+
 @dataclass
 class Draft:
     """A request's main draft and the origin of its tokens: first ``matched`` tokens
@@ -37,6 +42,14 @@ class Draft:
         from_lattice = min(self.from_lattice, from_pool)
         return {self.match_source: matched, "lattice": from_lattice,
                 "pool": from_pool - from_lattice, "recycled": count - matched - from_pool}
+
+    def token_sources(self) -> np.ndarray:
+        """Each token's source, as an index into ``TOKEN_SOURCES`` (a draft holds them
+        in that order: a match, then the pool's tokens, the lattice's first, then
+        recycled ones)."""
+        counts = self.tokens_by_source()
+        return np.repeat(np.arange(len(TOKEN_SOURCES)),
+                         [counts.get(source, 0) for source in TOKEN_SOURCES])
 
 
 @dataclass
