@@ -18,7 +18,8 @@ TREE_MODES = ("auto", "on", "off")
 #: copies, path writes, the prefix read once per branch), together 50-60 tokens' worth
 #: at 88-98 free tokens, where they made 0.91-0.99x the linear drafts' tokens/s
 #: (benchmarks/README.md, run (ao)): they break even near 130. Two CPUs measured 15-30
-#: (AMD EPYC, an earlier session's note) and 88-111 (Intel Xeon) for SmolLM2-135M; a
+#: (AMD EPYC, an earlier session's note) and 88-111 (Intel Xeon) for SmolLM2-135M, 130
+#: for Qwen2.5-Coder-0.5B (trees made 0.66-0.87x there, run (as)); a
 #: GPU at small batch should measure hundreds and more (not run).
 AUTO_TREE_FREE_TOKENS = 150
 #: ``recycle_top_k: "auto"`` where trees are on.
