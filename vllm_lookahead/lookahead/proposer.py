@@ -140,8 +140,8 @@ class LookaheadProposer:
         problems = tree_step.tree_attention_problems(self._runner)
         if problems:
             if runner_state.is_first_tp_rank():
-                logger.info("vllm-lookahead: trees off (trees: auto): this model's attention "
-                            "cannot take them here: %s", "; ".join(problems))
+                logger.info("vllm-lookahead: trees auto: off, drafts are linear: this model's "
+                            "attention cannot take them here: %s", "; ".join(problems))
             self._trees_off()
 
     def on_start_cost(self, cost: Any) -> None:
