@@ -158,10 +158,14 @@ def fake_vllm_config(k, max_model_len, additional_config=None, instance_id=""):
 #: vLLM 0.32's in-process worker start scans every loaded module for kernels to rebind
 #: and fails on some objects that earlier tests in the same process import.
 SCHEDULER_PROBE = """
-import dataclasses, json, math, sys
+import dataclasses, json, sys
 from vllm import LLM, SamplingParams
 
 config = json.loads(sys.argv[1])
+if config["start_cost"] is not None:  # the worker runs in this process: its measurement
+    from vllm_lookahead.worker import start_cost
+    measured = start_cost.StartCost(*config["start_cost"])
+    start_cost.measure = lambda runner: measured
 llm = LLM(config["model"], speculative_config=config["speculative_config"],
           disable_log_stats=False, **config["engine"])
 scheduler = llm.llm_engine.engine_core.engine_core.scheduler
@@ -182,22 +186,24 @@ print("RESULT " + json.dumps({
     "num_lookahead_tokens": scheduler.num_lookahead_tokens,
     "config_lookahead_tokens": getattr(scheduler.vllm_config, "num_lookahead_tokens", None),
     "step_blocks": getattr(scheduler, "_spec_decode_step_blocks", None),
-    "stats": {key: None if isinstance(value, float) and not math.isfinite(value) else value
-              for key, value in dataclasses.asdict(stats).items()},
+    "stats": dataclasses.asdict(stats),
 }))
 """
 
 
 def run_beside_scheduler(model: str, speculative_config: dict, engine: dict,
-                         prompts: list[list[int]], max_tokens: int) -> dict:
+                         prompts: list[list[int]], max_tokens: int,
+                         start_cost: tuple[float, float] | None = None) -> dict:
     """Greedy outputs of ``prompts`` with what the engine core's scheduler and the
-    drafter's counters show (``SCHEDULER_PROBE``)."""
+    drafter's counters show (``SCHEDULER_PROBE``); ``start_cost``: (seconds of a pass,
+    of each token more) for the workers' start-up measurement (trees ``auto``) to
+    report instead of timing the target."""
     import json
     import subprocess
     import sys
 
     config = {"model": model, "speculative_config": speculative_config, "engine": engine,
-              "prompts": prompts, "max_tokens": max_tokens}
+              "prompts": prompts, "max_tokens": max_tokens, "start_cost": start_cost}
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     run = subprocess.run([sys.executable, "-c", SCHEDULER_PROBE, json.dumps(config)],
                          capture_output=True, text=True, env=env, timeout=600)
