@@ -14,7 +14,7 @@ from vllm_lookahead.lookahead.budget import MIN_SAMPLES
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.proposer import LookaheadProposer
 from vllm_lookahead.lookahead.sources.context import suffix_match
-from vllm_lookahead.lookahead.sources.corpus import ResponseCorpus
+from vllm_lookahead.lookahead.sources.corpus import LiveResponses, ResponseCorpus
 from vllm_lookahead.lookahead.sources.drafts import TokenAcceptance
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
@@ -200,6 +200,64 @@ def test_finished_outputs_help_later_requests_but_preempted_ones_do_not():
     batch.set({"d": [5, 60, 61]}, {0: 2})
     assert batch.propose(proposer, [[61]]) == [[]]  # b's partial output was not kept
     assert proposer.stats.corpus_tokens == 2
+
+
+def test_live_responses_serve_the_other_requests_and_forget_released_ones():
+    live = LiveResponses(capacity=24, max_requests=3)  # 8 cells a request: 7 tokens
+    live.extend("a", [1, 2, 3, 10, 11])
+    live.extend("b", [9, 2, 3, 20])
+    live.extend("b", [9, 2, 3, 20, 21, 22, 23, 24, 25])  # only what is new; 7 kept
+    assert len(live) == 12
+    assert live.match("c", [7, 2, 3], 2, 4, 5) == (2, [20, 21, 22, 23])  # most recent
+    assert live.match("c", [1, 2, 3], 2, 4, 5) == (3, [10, 11])
+    assert live.match("b", [7, 2, 3], 2, 4, 5) == (2, [10, 11])  # not its own
+    assert live.match("a", [22, 23], 2, 4, 9) == (2, [])  # b's 7 kept: nothing after
+    assert live.match("a", [11, 9], 2, 4, 5) == (0, [])  # no match across slots
+    live.release({"b"})
+    assert live.match("a", [7, 2, 3], 2, 4, 5) == (0, [])
+    live.extend("d", [5, 2, 3, 30])  # reuses b's slot
+    assert live.match("a", [7, 2, 3], 2, 4, 5) == (2, [30])
+    live.keep_only({"d"})
+    assert live.match("d", [1, 2, 3], 2, 4, 5) == (0, []) and len(live) == 4
+    for req_id in "efgh":  # more requests than slots: the extra one is not shared
+        live.extend(req_id, [6, 6, 6])
+    assert len(live) == 10
+
+
+def test_live_responses_match_a_brute_force_search_of_the_other_slots():
+    rng = random.Random(3)
+    live = LiveResponses(capacity=4 * 31, max_requests=4)
+    outputs: dict[str, list[int]] = {r: [] for r in "abcd"}
+    for _ in range(60):
+        req_id = rng.choice("abcd")
+        outputs[req_id] += [rng.randrange(12) for _ in range(rng.randint(1, 4))]
+        live.extend(req_id, outputs[req_id])
+        asking = rng.choice("abcd")
+        suffix = [rng.randrange(12) for _ in range(rng.randint(2, 6))]
+        length, continuation = live.match(asking, suffix, 2, 6, 4)
+        others = [outputs[r][:30] for r in "abcd" if r != asking]
+        found = [brute_force_match(o, suffix, 6, 4) for o in others]
+        assert length == max(f[0] for f in found)
+        assert length == 0 or (length, continuation) in found
+
+
+@pytest.mark.parametrize("options", [{}, {"live_corpus_tokens": 0}, {"corpus_tokens": 0}])
+def test_live_outputs_help_the_requests_decoding_beside_them(options):
+    proposer, runner = make_proposer(k=3, ngram_size=2, guess_set_size=0, **options)
+    batch = Batch(runner, {"a": [1, 2, 3, 40, 41, 42, 43, 44], "b": [5, 6, 7]},
+                  {0: 3, 1: 3})
+    batch.propose(proposer, [[44], [7]])
+    batch.set({"a": [1, 2, 3, 40, 41, 42, 43, 44, 45], "b": [5, 6, 7, 41, 42]},
+              {0: 3, 1: 3})
+    draft = batch.propose(proposer, [[45], [41, 42]])[1]
+    if options:  # cross-request memory of live responses off
+        assert draft == []
+        return
+    assert draft == [43, 44, 45]  # a's, live
+    assert proposer.stats.corpus_tokens == 3
+    proposer.on_requests_removed(set(), {"a"})  # preempted: a's output is not kept
+    batch.set({"b": [5, 6, 7, 41, 42, 9, 41, 42]}, {0: 3})
+    assert batch.propose(proposer, [[9, 41, 42]]) == [[9, 41, 42]]  # b's own repeat
 
 
 def test_corpus_drafts_are_as_long_as_their_measured_acceptance_affords():

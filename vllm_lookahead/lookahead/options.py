@@ -84,7 +84,14 @@ class LookaheadOptions(MethodOptions):
     corpus_tokens: int = option_field(
         262144, 0,
         "Cross-request memory: tokens of finished responses kept (per worker, oldest "
-        "dropped) and searched for repeats of the context's suffix; 0 turns it off.",
+        "dropped) and searched for repeats of the context's suffix; 0 turns all "
+        "cross-request memory off (live_corpus_tokens too).",
+    )
+    live_corpus_tokens: int = option_field(
+        262144, 0,
+        "Cross-request memory of the responses being generated: the other requests' "
+        "outputs so far, searched like the finished ones (per worker, split evenly "
+        "among max_num_seqs requests, each keeping its first tokens); 0 turns it off.",
     )
     harvest_jacobi: bool = option_field(
         True, None, "Feed the pool with the target's predictions captured at verification."

@@ -196,6 +196,7 @@ class LookaheadProposer:
         """Free state; a finished (or aborted) request's output joins the corpus."""
         for output in self._states.remove(finished, preempted):
             self._sources.corpus.add(output)
+        self._sources.live.release(finished | preempted)
         if self._snapshots.due() or not len(self._states):
             self._snapshots.write(self.stats)
 
@@ -240,7 +241,9 @@ class LookaheadProposer:
                            ) -> tuple[list[int], list[RequestState]]:
         """Learn from the last pass, row by row; the decoding rows and their states."""
         req_ids = runner_state.request_ids(self._runner)
-        self._states.drop_forgotten(runner_state.live_request_ids(self._runner))
+        live = runner_state.live_request_ids(self._runner)
+        self._states.drop_forgotten(live)
+        self._sources.live.keep_only(live)
         capture, self._capture = self._capture, None
         last_top_k, self._last_top_k = self._last_top_k, None
         if self._sources.recycled is not None:
@@ -263,6 +266,7 @@ class LookaheadProposer:
             self._learn(state, emitted, verified.get(row))
             num_tokens = int(num_tokens_no_spec[row])
             state.read_context(token_ids_cpu[row], num_tokens, self.options.ngram_size)
+            self._sources.live.extend(req_ids[row], state.output)
             if self.options.cost_aware_drafts:
                 self._check_in_hindsight(state, token_ids_cpu[row], num_tokens)
             rows.append(row)
@@ -323,7 +327,9 @@ class LookaheadProposer:
         # never past max_model_len: the bonus token needs a slot too
         limits = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
         np.minimum(limits, [state.draft_limit for state in states], out=limits)
-        main = self._sources.draft(rows, states, token_ids_cpu, num_tokens, limits)
+        req_ids = runner_state.request_ids(self._runner)
+        main = self._sources.draft(rows, [req_ids[row] for row in rows], states,
+                                   token_ids_cpu, num_tokens, limits)
         free_tokens = self._step_budget()
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]

@@ -1,8 +1,10 @@
-"""The response corpus: finished responses of earlier requests, searched for the
-longest repeat of a request's context suffix; an index keeps its lookups independent
-of its size."""
+"""The response corpus: responses of other requests, finished (``ResponseCorpus``)
+and being generated now (``LiveResponses``), searched for the longest repeat of a
+request's context suffix; an index keeps the lookups independent of their size."""
 
 from __future__ import annotations
+
+from collections.abc import Container, Iterable
 
 import numba
 import numpy as np
@@ -69,14 +71,108 @@ class ResponseCorpus:
         """(match length, continuation) of the longest repeat of ``suffix``'s end."""
         if len(suffix) < 2 or max_out <= 0 or self._size == 0:
             return 0, []
-        length, end = _corpus_match(self._tokens, self._prev, self._heads,
-                                    np.asarray(suffix, dtype=np.int32), max_n,
-                                    self.candidates_per_bigram)
-        if length < min_n:
+        return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
+                      self.candidates_per_bigram, self._size)
+
+
+class LiveResponses:
+    """The responses of the requests decoding now, as they grow, for the other requests.
+
+    Requests served together often write alike (one application's template, the same
+    task asked by many users), and a finished response joins ``ResponseCorpus`` only
+    at its end: the live ones are searched too (vLLM's suffix decoding does the same
+    with its global tree). Each request holds a slot of ``slot_tokens`` cells (its
+    first ``slot_tokens - 1`` output tokens; the last cell stays a separator, so no
+    match or continuation crosses into another slot), indexed by bigram hash chains
+    like the corpus's. A released slot is cleared to separators: chains through it
+    then fail the token check and lose at most some older candidates, never a right
+    draft for a wrong one (and drafts are verified anyway). Memory is fixed at
+    ``ResponseCorpus.bytes_for(max_requests * slot_tokens)``.
+    """
+
+    SEPARATOR = ResponseCorpus.SEPARATOR
+
+    def __init__(self, capacity: int, max_requests: int, candidates_per_bigram: int = 16):
+        self.slot_tokens = capacity // max(max_requests, 1)
+        size = self.slot_tokens * max_requests
+        self.candidates_per_bigram = candidates_per_bigram
+        self._tokens = np.full(size, self.SEPARATOR, dtype=np.int32)
+        self._prev = np.full(size, -1, dtype=np.int32)
+        self._heads = np.full(_hash_table_size(size), -1, dtype=np.int32)
+        self._slots: dict[str, int] = {}
+        self._used = np.zeros(max_requests, dtype=np.int64)
+        self._free = list(range(max_requests - 1, -1, -1))
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def enabled(self) -> bool:
+        return self.slot_tokens >= 3  # a bigram and a continuation token
+
+    def extend(self, req_id: str, output: list[int]) -> None:
+        """The request's output so far (``output[: already added]`` is not read)."""
+        slot = self._slots.get(req_id)
+        if slot is None:
+            if not self._free or not self.enabled:
+                return
+            slot = self._slots[req_id] = self._free.pop()
+        used = int(self._used[slot])
+        new = output[used : self.slot_tokens - 1]
+        if new:
+            start = slot * self.slot_tokens + used
+            _corpus_append(self._tokens, self._prev, self._heads, start,
+                           np.asarray(new, dtype=np.int32), separated=False)
+            self._used[slot] = used + len(new)
+            self._size += len(new)
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        for req_id in req_ids:
+            slot = self._slots.pop(req_id, None)
+            if slot is not None:
+                start = slot * self.slot_tokens
+                self._tokens[start : start + self.slot_tokens] = self.SEPARATOR
+                self._size -= int(self._used[slot])
+                self._used[slot] = 0
+                self._free.append(slot)
+
+    def keep_only(self, live: Container[str]) -> None:
+        """Release the slots of requests no longer in ``live``."""
+        self.release([req_id for req_id in self._slots if req_id not in live])
+
+    def match(self, req_id: str, suffix: list[int], min_n: int, max_n: int, max_out: int
+              ) -> tuple[int, list[int]]:
+        """(match length, continuation) of the longest repeat of ``suffix``'s end in the
+        other requests' responses (the request's own is its context's)."""
+        if len(suffix) < 2 or max_out <= 0 or not self._slots:
             return 0, []
-        continuation = self._tokens[end + 1 : min(end + 1 + max_out, self._size)]
-        stops = np.flatnonzero(continuation == self.SEPARATOR)
-        return length, continuation[: stops[0] if len(stops) else None].tolist()
+        slot = self._slots.get(req_id, -1)
+        skip = (slot * self.slot_tokens, (slot + 1) * self.slot_tokens) if slot >= 0 else (0, 0)
+        return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
+                      self.candidates_per_bigram, len(self._tokens), skip)
+
+
+def warm_up_corpus() -> None:
+    """Compile (or load from cache) the index and its search before the first request
+    is timed."""
+    live = LiveResponses(capacity=16, max_requests=2)
+    live.extend("a", [1, 2, 3])
+    live.match("b", [1, 2], 2, 4, 4)
+
+
+def _match(tokens: np.ndarray, prev: np.ndarray, heads: np.ndarray, suffix: list[int],
+           min_n: int, max_n: int, max_out: int, max_candidates: int, size: int,
+           skip: tuple[int, int] = (0, 0)) -> tuple[int, list[int]]:
+    """(match length, continuation up to the next separator) of the longest repeat of
+    ``suffix``'s end outside positions ``[skip[0], skip[1])``."""
+    length, end = _corpus_match(tokens, prev, heads, np.asarray(suffix, dtype=np.int32),
+                                max_n, max_candidates, skip[0], skip[1])
+    if length < min_n:
+        return 0, []
+    continuation = tokens[end + 1 : min(end + 1 + max_out, size)]
+    stops = np.flatnonzero(continuation == ResponseCorpus.SEPARATOR)
+    return length, continuation[: stops[0] if len(stops) else None].tolist()
 
 
 def _hash_table_size(capacity: int) -> int:
@@ -110,15 +206,19 @@ def _corpus_append(tokens, prev, heads, size, new_tokens, separated=True):
 
 
 @numba.njit(cache=True, nogil=True)
-def _corpus_match(tokens, prev, heads, suffix, max_n, max_candidates):
+def _corpus_match(tokens, prev, heads, suffix, max_n, max_candidates, skip_start, skip_end):
     """(length, end position) of the longest earlier occurrence of ``suffix``'s end
-    among the most recent occurrences of its last bigram; ties go to the most recent."""
+    among the most recent occurrences of its last bigram outside positions
+    ``[skip_start, skip_end)``; ties go to the most recent."""
     n = suffix.shape[0]
     first, second = suffix[n - 2], suffix[n - 1]
     position = heads[_bigram_hash(first, second, heads.shape[0] - 1)]
     best_len, best_end, seen, visits = 0, -1, 0, 0
     while position >= 0 and seen < max_candidates and visits < 4 * max_candidates:
         visits += 1
+        if skip_start <= position < skip_end:
+            position = prev[position]
+            continue
         if tokens[position] == second and tokens[position - 1] == first:
             seen += 1
             length = 2

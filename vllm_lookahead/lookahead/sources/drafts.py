@@ -9,7 +9,11 @@ import numpy as np
 
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.context import batch_suffix_match, warm_up_suffix_match
-from vllm_lookahead.lookahead.sources.corpus import ResponseCorpus
+from vllm_lookahead.lookahead.sources.corpus import (
+    LiveResponses,
+    ResponseCorpus,
+    warm_up_corpus,
+)
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
 from vllm_lookahead.lookahead.state import RequestState
@@ -89,6 +93,9 @@ class DraftSources:
                  vocab_size: int, recycle_top_k: int):
         self.options = options
         self.corpus = ResponseCorpus(options.corpus_tokens)
+        #: the responses being generated, for the other requests (the corpus's source)
+        self.live = LiveResponses(options.live_corpus_tokens if options.corpus_tokens else 0,
+                                  max_rows)
         self.corpus_acceptance = TokenAcceptance()
         #: Token Recycling's table (None: off; the proposer drops it where trees end off
         #: and ``recycle_top_k`` is ``auto``)
@@ -98,9 +105,11 @@ class DraftSources:
         self._match_len = np.zeros(max_rows, dtype=np.int64)
         self._match_prob = np.zeros(max_rows, dtype=np.float64)
         warm_up_suffix_match()
+        warm_up_corpus()
 
-    def draft(self, rows: list[int], states: list[RequestState], token_ids_cpu: np.ndarray,
-              num_tokens: np.ndarray, limits: np.ndarray) -> list[Draft]:
+    def draft(self, rows: list[int], req_ids: list[str], states: list[RequestState],
+              token_ids_cpu: np.ndarray, num_tokens: np.ndarray, limits: np.ndarray
+              ) -> list[Draft]:
         """One draft per row (of at most its limit), in order."""
         opts = self.options
         min_prob = np.array([state.draft_min_prob for state in states])
@@ -110,10 +119,10 @@ class DraftSources:
             self._match_count, self._match_len, self._match_prob,
         )
         drafts = []
-        for b, (row, state) in enumerate(zip(rows, states)):
+        for b, (row, req_id, state) in enumerate(zip(rows, req_ids, states)):
             limit = int(limits[b])
-            draft = self._matched_continuation(b, token_ids_cpu[row], int(num_tokens[b]), limit,
-                                               state.draft_min_prob)
+            draft = self._matched_continuation(b, req_id, token_ids_cpu[row], int(num_tokens[b]),
+                                               limit, state.draft_min_prob)
             draft.from_lattice, prob = self._fill_from_pool(state, draft.tokens, limit,
                                                             self._match_estimate(b, draft))
             draft.from_pool = len(draft.tokens) - draft.matched
@@ -125,18 +134,21 @@ class DraftSources:
             drafts.append(draft)
         return drafts
 
-    def _matched_continuation(self, b: int, tokens: np.ndarray, num_tokens: int,
-                              limit: int, min_prob: float) -> Draft:
-        """The context's own match (batch slot ``b``) or a longer one in the corpus,
-        as long as the corpus's measured acceptance keeps it above ``min_prob``."""
+    def _matched_continuation(self, b: int, req_id: str, tokens: np.ndarray,
+                              num_tokens: int, limit: int, min_prob: float) -> Draft:
+        """The context's own match (batch slot ``b``) or a longer one in the corpus of
+        finished responses or in the other requests' live ones, as long as the corpus's
+        measured acceptance keeps it above ``min_prob``."""
         opts = self.options
         own = self._match_out[b, : self._match_count[b]].tolist()
         own_length = self._match_len[b]
-        if own_length < opts.suffix_match_max and len(self.corpus):
+        if own_length < opts.suffix_match_max and (len(self.corpus) or len(self.live)):
             suffix = tokens[max(0, num_tokens - opts.suffix_match_max) : num_tokens].tolist()
-            length, continuation = self.corpus.match(
-                suffix, max(opts.suffix_match_min, 2), opts.suffix_match_max,
-                min(limit, self.corpus_acceptance.tokens_above(min_prob)))
+            bounds = (max(opts.suffix_match_min, 2), opts.suffix_match_max,
+                      min(limit, self.corpus_acceptance.tokens_above(min_prob)))
+            length, continuation = max(self.corpus.match(suffix, *bounds),
+                                       self.live.match(req_id, suffix, *bounds),
+                                       key=lambda found: found[0])  # ties: finished
             if length > own_length and continuation:
                 return Draft(continuation, "corpus", len(continuation))
         return Draft(own, "context", len(own))
