@@ -139,6 +139,10 @@ def test_corpus_finds_the_longest_most_recent_repeat():
     assert corpus.match([1, 2, 3], 2, 4, 5) == (3, [10, 11])  # longer beats more recent
     assert corpus.match([22, 5, 6], 2, 4, 5) == (2, [])  # nothing after it: no crossing
     assert corpus.match([3, 4], 2, 4, 5) == (0, [])
+    corpus.add([8, 2, 3, 10, 12])  # now 10 follows "2 3" twice, 20 once
+    assert corpus.match([7, 2, 3], 2, 4, 5) == (2, [10, 12])  # most frequent, then recent
+    assert corpus.match([7, 2, 3], 2, 4, 5, min_prob=0.5) == (2, [10])  # 2/3, then 1/2
+    assert corpus.match([7, 2, 3], 2, 4, 5, min_prob=0.7) == (2, [])  # 2 of 3: below
 
 
 def test_corpus_keeps_the_newest_responses_within_capacity():
@@ -167,24 +171,37 @@ def test_corpus_matches_a_brute_force_search_and_keeps_fixed_memory():
 
 
 def brute_force_match(tokens, suffix, max_n, max_out, candidates=16):
+    """Longest match among the most recent occurrences of the last bigram, and the most
+    frequent continuation of the occurrences of that length (ties: most recent)."""
+    best_len, best_ends = brute_force_occurrences(tokens, suffix, max_n, candidates)
+    if best_len < 2:
+        return 0, []
+    draft = []
+    while len(draft) < max_out:
+        best_ends = [e for e in best_ends if e + 1 + len(draft) < len(tokens)
+                     and tokens[e + 1 + len(draft)] != ResponseCorpus.SEPARATOR]
+        if not best_ends:
+            break
+        nexts = [tokens[e + 1 + len(draft)] for e in best_ends]
+        draft.append(max(nexts, key=lambda t: (nexts.count(t), -nexts.index(t))))
+        best_ends = [e for e in best_ends if tokens[e + len(draft)] == draft[-1]]
+    return best_len, draft
+
+
+def brute_force_occurrences(tokens, suffix, max_n, candidates=16):
+    """(longest match length, end positions of the occurrences that long, most recent
+    first) among the ``candidates`` most recent occurrences of the last bigram."""
     ends = [p for p in range(len(tokens) - 1, 0, -1)
             if tokens[p - 1 : p + 1] == suffix[-2:]][:candidates]
-    best_len, best_end = 0, -1
+    lengths = []
     for end in ends:
         length = 2
         while (length < min(max_n, len(suffix)) and end - length >= 0
                and tokens[end - length] == suffix[-1 - length]):
             length += 1
-        if length > best_len:
-            best_len, best_end = length, end
-    if best_len < 2:
-        return 0, []
-    continuation = []
-    for token in tokens[best_end + 1 : best_end + 1 + max_out]:
-        if token == ResponseCorpus.SEPARATOR:
-            break
-        continuation.append(token)
-    return best_len, continuation
+        lengths.append(length)
+    best_len = max(lengths, default=0)
+    return best_len, [end for end, length in zip(ends, lengths) if length == best_len]
 
 
 def test_finished_outputs_help_later_requests_but_preempted_ones_do_not():
@@ -236,9 +253,16 @@ def test_live_responses_match_a_brute_force_search_of_the_other_slots():
         suffix = [rng.randrange(12) for _ in range(rng.randint(2, 6))]
         length, continuation = live.match(asking, suffix, 2, 6, 4)
         others = [outputs[r][:30] for r in "abcd" if r != asking]
-        found = [brute_force_match(o, suffix, 6, 4) for o in others]
-        assert length == max(f[0] for f in found)
-        assert length == 0 or (length, continuation) in found
+        found = [brute_force_occurrences(o, suffix, 6) for o in others]
+        longest = max(f[0] for f in found)
+        if longest < 2:
+            assert (length, continuation) == (0, [])
+            continue
+        assert length == longest
+        # the continuation is that of one of the longest occurrences (the most
+        # frequent one: which slot wins a tie depends on the order tokens came in)
+        assert any(o[e + 1 : e + 1 + len(continuation)] == continuation
+                   for o, (n, ends) in zip(others, found) if n == length for e in ends)
 
 
 @pytest.mark.parametrize("options", [{}, {"live_corpus_tokens": 0}, {"corpus_tokens": 0}])

@@ -49,12 +49,26 @@ def suffix_match(tokens, num_tokens, min_n, max_n, max_out, min_prob, out):
                 break
     if best_len < min_n:
         return 0, 0, 0.0
+    depth, prob = follow_most_frequent(tokens, num_tokens, ends, num_ends, max_out,
+                                       min_prob, out)
+    return depth, best_len, prob
+
+
+@numba.njit(cache=True, nogil=True)
+def follow_most_frequent(tokens, size, ends, num_ends, max_out, min_prob, out):
+    """The most frequent continuation of the occurrences ending at ``ends[:num_ends]``
+    (most recent first: ties go to it), token by token, while the product of the
+    chosen tokens' frequencies stays at or above ``min_prob``; a continuation ends at
+    ``size`` or at a negative token (a separator). Writes up to ``max_out`` tokens into
+    ``out`` (``ends`` is overwritten); returns (tokens written, their probability
+    estimate)."""
     prob = 1.0
     depth = 0
     while depth < max_out:
         live = 0  # candidates whose continuation reaches this depth, kept in order
         for i in range(num_ends):
-            if ends[i] + 1 + depth < num_tokens:
+            position = ends[i] + 1 + depth
+            if position < size and tokens[position] >= 0:
                 ends[live] = ends[i]
                 live += 1
         num_ends = live
@@ -82,7 +96,7 @@ def suffix_match(tokens, num_tokens, min_n, max_n, max_out, min_prob, out):
                 ends[kept] = ends[i]
                 kept += 1
         num_ends = kept
-    return depth, best_len, prob
+    return depth, prob
 
 
 @numba.njit(cache=True, nogil=True)

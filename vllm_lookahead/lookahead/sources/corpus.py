@@ -9,6 +9,8 @@ from collections.abc import Container, Iterable
 import numba
 import numpy as np
 
+from vllm_lookahead.lookahead.sources.context import follow_most_frequent
+
 
 class ResponseCorpus:
     """Finished responses, searched for the longest repeat of a request's context suffix.
@@ -66,13 +68,13 @@ class ResponseCorpus:
         self._size = _corpus_append(self._tokens, self._prev, self._heads, 0, kept,
                                     separated=False)
 
-    def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int
-              ) -> tuple[int, list[int]]:
-        """(match length, continuation) of the longest repeat of ``suffix``'s end."""
+    def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int,
+              min_prob: float = 0.0) -> tuple[int, list[int]]:
+        """(match length, continuation) of the longest repeat of ``suffix``'s end (``_match``)."""
         if len(suffix) < 2 or max_out <= 0 or self._size == 0:
             return 0, []
         return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
-                      self.candidates_per_bigram, self._size)
+                      min_prob, self.candidates_per_bigram, self._size)
 
 
 class LiveResponses:
@@ -141,16 +143,16 @@ class LiveResponses:
         """Release the slots of requests no longer in ``live``."""
         self.release([req_id for req_id in self._slots if req_id not in live])
 
-    def match(self, req_id: str, suffix: list[int], min_n: int, max_n: int, max_out: int
-              ) -> tuple[int, list[int]]:
+    def match(self, req_id: str, suffix: list[int], min_n: int, max_n: int, max_out: int,
+              min_prob: float = 0.0) -> tuple[int, list[int]]:
         """(match length, continuation) of the longest repeat of ``suffix``'s end in the
-        other requests' responses (the request's own is its context's)."""
-        if len(suffix) < 2 or max_out <= 0 or not self._slots:
-            return 0, []
+        other requests' responses (the request's own is its context's; ``_match``)."""
         slot = self._slots.get(req_id, -1)
+        if len(suffix) < 2 or max_out <= 0 or len(self._slots) == (slot >= 0):  # no other
+            return 0, []
         skip = (slot * self.slot_tokens, (slot + 1) * self.slot_tokens) if slot >= 0 else (0, 0)
         return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
-                      self.candidates_per_bigram, len(self._tokens), skip)
+                      min_prob, self.candidates_per_bigram, len(self._tokens), skip)
 
 
 def warm_up_corpus() -> None:
@@ -162,17 +164,19 @@ def warm_up_corpus() -> None:
 
 
 def _match(tokens: np.ndarray, prev: np.ndarray, heads: np.ndarray, suffix: list[int],
-           min_n: int, max_n: int, max_out: int, max_candidates: int, size: int,
-           skip: tuple[int, int] = (0, 0)) -> tuple[int, list[int]]:
-    """(match length, continuation up to the next separator) of the longest repeat of
-    ``suffix``'s end outside positions ``[skip[0], skip[1])``."""
-    length, end = _corpus_match(tokens, prev, heads, np.asarray(suffix, dtype=np.int32),
-                                max_n, max_candidates, skip[0], skip[1])
+           min_n: int, max_n: int, max_out: int, min_prob: float, max_candidates: int,
+           size: int, skip: tuple[int, int] = (0, 0)) -> tuple[int, list[int]]:
+    """(match length, continuation) of the longest repeat of ``suffix``'s end outside
+    positions ``[skip[0], skip[1])``: the most frequent continuation of its
+    occurrences, as for the context's own matches (``context.follow_most_frequent``)."""
+    ends = np.empty(max_candidates, dtype=np.int64)
+    length, num_ends = _corpus_match(tokens, prev, heads, np.asarray(suffix, dtype=np.int32),
+                                     max_n, skip[0], skip[1], ends)
     if length < min_n:
         return 0, []
-    continuation = tokens[end + 1 : min(end + 1 + max_out, size)]
-    stops = np.flatnonzero(continuation == ResponseCorpus.SEPARATOR)
-    return length, continuation[: stops[0] if len(stops) else None].tolist()
+    out = np.empty(max(max_out, 0), dtype=np.int32)
+    count, _ = follow_most_frequent(tokens, size, ends, num_ends, max_out, min_prob, out)
+    return length, out[:count].tolist()
 
 
 def _hash_table_size(capacity: int) -> int:
@@ -206,14 +210,16 @@ def _corpus_append(tokens, prev, heads, size, new_tokens, separated=True):
 
 
 @numba.njit(cache=True, nogil=True)
-def _corpus_match(tokens, prev, heads, suffix, max_n, max_candidates, skip_start, skip_end):
-    """(length, end position) of the longest earlier occurrence of ``suffix``'s end
-    among the most recent occurrences of its last bigram outside positions
-    ``[skip_start, skip_end)``; ties go to the most recent."""
+def _corpus_match(tokens, prev, heads, suffix, max_n, skip_start, skip_end, ends):
+    """Length of the longest earlier occurrence of ``suffix``'s end among the
+    ``len(ends)`` most recent occurrences of its last bigram outside positions
+    ``[skip_start, skip_end)``, and how many of them have that length: their end
+    positions are written to ``ends``, most recent first."""
     n = suffix.shape[0]
     first, second = suffix[n - 2], suffix[n - 1]
     position = heads[_bigram_hash(first, second, heads.shape[0] - 1)]
-    best_len, best_end, seen, visits = 0, -1, 0, 0
+    max_candidates = ends.shape[0]
+    best_len, num_ends, seen, visits = 0, 0, 0, 0
     while position >= 0 and seen < max_candidates and visits < 4 * max_candidates:
         visits += 1
         if skip_start <= position < skip_end:
@@ -226,8 +232,9 @@ def _corpus_match(tokens, prev, heads, suffix, max_n, max_candidates, skip_start
                    and tokens[position - length] == suffix[n - 1 - length]):
                 length += 1
             if length > best_len:
-                best_len, best_end = length, position
-                if length == max_n:
-                    break
+                best_len, num_ends = length, 0
+            if length == best_len:
+                ends[num_ends] = position
+                num_ends += 1
         position = prev[position]
-    return best_len, best_end
+    return best_len, num_ends

@@ -145,7 +145,7 @@ class DraftSources:
         if own_length < opts.suffix_match_max and (len(self.corpus) or len(self.live)):
             suffix = tokens[max(0, num_tokens - opts.suffix_match_max) : num_tokens].tolist()
             bounds = (max(opts.suffix_match_min, 2), opts.suffix_match_max,
-                      min(limit, self.corpus_acceptance.tokens_above(min_prob)))
+                      min(limit, self.corpus_acceptance.tokens_above(min_prob)), min_prob)
             length, continuation = max(self.corpus.match(suffix, *bounds),
                                        self.live.match(req_id, suffix, *bounds),
                                        key=lambda found: found[0])  # ties: finished
