@@ -30,6 +30,20 @@ def test_cost_model_recovers_fixed_and_per_token_cost():
     assert model.free_tokens() == pytest.approx(60.0)
 
 
+def test_a_start_up_measurement_stands_in_until_the_fit():
+    model = StepCostModel()
+    assert not model.has_samples
+    model.set_prior(0.020, 0.001)  # the target's passes alone, at start-up
+    assert model.has_samples and model.free_tokens() == pytest.approx(20.0)
+    for _ in range(MIN_SAMPLES):  # one token count: nothing to fit, the prior stays
+        model.add(10, 0.040)
+    assert model.free_tokens() == pytest.approx(20.0)
+    for n in range(1, MIN_SAMPLES + 1):  # whole steps: a larger fixed cost
+        model.add(n, 0.030 + 0.001 * n)
+    model.add(60, 0.090)
+    assert model.free_tokens() == pytest.approx(30.0, rel=0.02)
+
+
 def test_cost_model_ignores_passes_slowed_down_by_other_work():
     """Passes 1.5-4x slower, 30 % of them: over seeds 0-39 a plain least-squares fit of
     these passes put the free tokens at 0.56x to 2.2x the truth, this fit within 12 %."""

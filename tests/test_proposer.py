@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -21,6 +22,7 @@ from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
 from vllm_lookahead.lookahead.state import DRAFT_LIMIT_MARGIN, RequestState
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
+from vllm_lookahead.worker.start_cost import StartCost
 from vllm_lookahead.worker.runner import is_decode_only
 from vllm_lookahead.worker.sampler import _observe_last_positions, capture_verification
 from vllm_lookahead.tree import path_by_tokens
@@ -311,6 +313,19 @@ def test_rejected_corpus_drafts_shorten_the_next_ones():
         proposer.on_requests_removed(set(), {request})  # preempted: not in the corpus
     assert drafts[0] == list(range(42, 50))  # 8 tokens at the prior
     assert drafts[-1] == [42, 43, 44]
+
+
+@pytest.mark.parametrize("measured", [StartCost(0.030, 0.001),
+                                      StartCost(math.nan, math.nan, "too few free blocks")])
+def test_the_start_up_measurement_sets_the_cut_until_steps_are_timed(measured):
+    proposer, _ = make_proposer(trees="auto", tree_candidates=4)
+    assert proposer._step_budget() is None  # no estimate: nothing is cut
+    proposer.on_start_cost(measured)
+    assert not proposer.trees_on  # 29 free tokens (or none measured): below 150
+    if measured.reason:
+        assert proposer._step_budget() is None
+    else:
+        assert proposer._step_budget() == pytest.approx(29.0)
 
 
 def test_draft_prefers_context_match():

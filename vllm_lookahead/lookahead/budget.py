@@ -70,7 +70,9 @@ class StepCostModel:
         self._seconds = np.zeros(window)
         self._count = 0
         self._fitted_at = 0
-        #: the last fit, t = fixed_seconds + token_seconds * n (nan: no usable fit)
+        self._prior = (math.nan, math.nan)  # (fixed, per token) measured at start-up
+        #: the last fit, t = fixed_seconds + token_seconds * n, or where there is none
+        #: (yet) the start-up measurement (nan: neither)
         self.fixed_seconds = math.nan
         self.token_seconds = math.nan
 
@@ -80,20 +82,30 @@ class StepCostModel:
         self._seconds[slot] = seconds
         self._count += 1
 
+    def set_prior(self, fixed_seconds: float, token_seconds: float) -> None:
+        """A measurement taken at start-up (the target's passes alone, so a lower
+        fixed cost than a whole step's) stands in for the fit until ``MIN_SAMPLES``
+        passes were timed, and wherever the passes' token counts are too alike to fit:
+        without it, the first passes of a server that starts under load verify every
+        draft token uncut."""
+        self._prior = self.fixed_seconds, self.token_seconds = fixed_seconds, token_seconds
+
     @property
     def has_samples(self) -> bool:
-        """Enough passes were timed for a fit (``free_tokens`` may still be infinite)."""
-        return self._count >= MIN_SAMPLES
+        """Enough passes were timed for a fit, or a start-up measurement stands in
+        (``free_tokens`` may still be infinite)."""
+        return self._count >= MIN_SAMPLES or not math.isnan(self._prior[1])
 
     def free_tokens(self) -> float:
         """a / b: the pass's fixed cost in units of one token's marginal cost.
 
-        Infinite (no cut) until ``MIN_SAMPLES`` passes were timed, when the token
-        counts did not vary, or when the fitted marginal cost is not positive. Refitted
-        every ``REFIT_INTERVAL`` passes.
+        Infinite (no cut) until ``MIN_SAMPLES`` passes were timed (unless a start-up
+        measurement stands in), when the token counts did not vary, or when the fitted
+        marginal cost is not positive. Refitted every ``REFIT_INTERVAL`` passes.
         """
         crossed_minimum = self._fitted_at < MIN_SAMPLES <= self._count
-        if crossed_minimum or self._count - self._fitted_at >= REFIT_INTERVAL:
+        due = crossed_minimum or self._count - self._fitted_at >= REFIT_INTERVAL
+        if self._count >= MIN_SAMPLES and due:
             self._refit()
             self._fitted_at = self._count
         if not self.token_seconds > 0:  # nan or not positive
@@ -107,7 +119,7 @@ class StepCostModel:
         passes at a rare, long token count would tilt a plain fit; a low quantile per
         count ignores them, and scaling every time alike leaves a / b unchanged.
         """
-        self.fixed_seconds = self.token_seconds = math.nan
+        self.fixed_seconds, self.token_seconds = self._prior
         if self._count < MIN_SAMPLES:
             return
         n = self._tokens[: self._count]

@@ -147,8 +147,11 @@ class LookaheadProposer:
     def on_start_cost(self, cost: Any) -> None:
         """Trees ``auto``: the worker measured what an extra token costs the target
         (``worker.start_cost.StartCost``, the first tensor-parallel rank's); trees stay
-        on only where enough tokens are free."""
+        on only where enough tokens are free, and the cost-aware cut starts from it."""
         free = cost.free_tokens
+        if not cost.reason and cost.token_seconds > 0:
+            self.cost_model.set_prior(cost.pass_seconds - cost.token_seconds,
+                                      cost.token_seconds)
         self._stats.start_free_tokens = free
         wanted = self.options.tree_free_tokens
         verdict = "on, if the self-check passes" if free >= wanted else "off, drafts are linear"
