@@ -286,6 +286,15 @@ def test_live_outputs_help_the_requests_decoding_beside_them(options):
     assert batch.propose(proposer, [[9, 41, 42]]) == [[9, 41, 42]]  # b's own repeat
 
 
+def test_a_live_match_with_a_continuation_beats_an_equal_finished_one_without():
+    proposer, runner = make_proposer(k=3, ngram_size=2, guess_set_size=0)
+    batch = Batch(runner, {"a": [1, 2, 3, 41, 42]}, {0: 3})
+    batch.propose(proposer, [[42]])
+    proposer.on_requests_removed({"a"}, set())  # the corpus ends a response with 41 42
+    batch.set({"b": [5, 6, 7, 41, 42, 43, 44], "c": [8, 9, 41, 42]}, {0: 3, 1: 2})
+    assert batch.propose(proposer, [[44], [42]])[1] == [43, 44]  # b's, live
+
+
 def test_corpus_drafts_are_as_long_as_their_measured_acceptance_affords():
     acceptance = TokenAcceptance()
     assert acceptance.tokens_above(0.1) == 8  # the prior, 3/4 per token: 0.75^8 >= 0.1

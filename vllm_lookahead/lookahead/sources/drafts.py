@@ -146,9 +146,9 @@ class DraftSources:
             suffix = tokens[max(0, num_tokens - opts.suffix_match_max) : num_tokens].tolist()
             bounds = (max(opts.suffix_match_min, 2), opts.suffix_match_max,
                       min(limit, self.corpus_acceptance.tokens_above(min_prob)), min_prob)
-            length, continuation = max(self.corpus.match(suffix, *bounds),
-                                       self.live.match(req_id, suffix, *bounds),
-                                       key=lambda found: found[0])  # ties: finished
+            length, continuation = max(  # ties: one with a continuation, then finished
+                self.corpus.match(suffix, *bounds), self.live.match(req_id, suffix, *bounds),
+                key=lambda found: (found[0], bool(found[1])))
             if length > own_length and continuation:
                 return Draft(continuation, "corpus", len(continuation))
         return Draft(own, "context", len(own))
