@@ -32,9 +32,9 @@ def test_cost_model_recovers_fixed_and_per_token_cost():
 
 def test_a_start_up_measurement_stands_in_until_the_fit():
     model = StepCostModel()
-    assert not model.has_samples
+    assert not model.has_estimate
     model.set_prior(0.020, 0.001)  # the target's passes alone, at start-up
-    assert model.has_samples and model.free_tokens() == pytest.approx(20.0)
+    assert model.has_estimate and model.free_tokens() == pytest.approx(20.0)
     for _ in range(MIN_SAMPLES):  # one token count: nothing to fit, the prior stays
         model.add(10, 0.040)
     assert model.free_tokens() == pytest.approx(20.0)

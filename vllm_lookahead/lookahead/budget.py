@@ -91,7 +91,7 @@ class StepCostModel:
         self._prior = self.fixed_seconds, self.token_seconds = fixed_seconds, token_seconds
 
     @property
-    def has_samples(self) -> bool:
+    def has_estimate(self) -> bool:
         """Enough passes were timed for a fit, or a start-up measurement stands in
         (``free_tokens`` may still be infinite)."""
         return self._count >= MIN_SAMPLES or not math.isnan(self._prior[1])

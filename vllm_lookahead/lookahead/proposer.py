@@ -150,8 +150,7 @@ class LookaheadProposer:
         on only where enough tokens are free, and the cost-aware cut starts from it."""
         free = cost.free_tokens
         if not cost.reason and cost.token_seconds > 0:
-            self.cost_model.set_prior(cost.pass_seconds - cost.token_seconds,
-                                      cost.token_seconds)
+            self.cost_model.set_prior(cost.fixed_seconds, cost.token_seconds)
         self._stats.start_free_tokens = free
         wanted = self.options.tree_free_tokens
         verdict = "on, if the self-check passes" if free >= wanted else "off, drafts are linear"
@@ -229,9 +228,9 @@ class LookaheadProposer:
         slot_mappings: Any = None,
     ) -> list[list[int]]:
         start = time.perf_counter()
-        rows, states = self._read_verification(sampled_token_ids, num_tokens_no_spec,
-                                               token_ids_cpu)
-        drafts = self._draft(rows, states, num_tokens_no_spec, token_ids_cpu,
+        rows, row_req_ids, states = self._read_verification(
+            sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        drafts = self._draft(rows, row_req_ids, states, num_tokens_no_spec, token_ids_cpu,
                              len(sampled_token_ids))
         self._stats.steps += 1
         self._stats.seconds += time.perf_counter() - start
@@ -241,8 +240,9 @@ class LookaheadProposer:
 
     def _read_verification(self, sampled_token_ids: list[list[int]],
                            num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
-                           ) -> tuple[list[int], list[RequestState]]:
-        """Learn from the last pass, row by row; the decoding rows and their states."""
+                           ) -> tuple[list[int], list[str], list[RequestState]]:
+        """Learn from the last pass, row by row; the decoding rows, their request ids and
+        their states."""
         req_ids = runner_state.request_ids(self._runner)
         live = runner_state.live_request_ids(self._runner)
         self._states.drop_forgotten(live)
@@ -261,7 +261,7 @@ class LookaheadProposer:
         if self.options.cost_aware_drafts:
             for depth_acceptance in self._depth_acceptance:
                 depth_acceptance.decay()
-        rows, states = [], []
+        rows, row_req_ids, states = [], [], []
         for row, emitted in enumerate(sampled_token_ids):
             if not emitted:  # partial prefill chunk: nothing to draft yet
                 continue
@@ -273,8 +273,9 @@ class LookaheadProposer:
             if self.options.cost_aware_drafts:
                 self._check_in_hindsight(state, token_ids_cpu[row], num_tokens)
             rows.append(row)
+            row_req_ids.append(req_ids[row])
             states.append(state)
-        return rows, states
+        return rows, row_req_ids, states
 
     def _check_in_hindsight(self, state: RequestState, context: np.ndarray,
                             num_tokens: int) -> None:
@@ -319,7 +320,7 @@ class LookaheadProposer:
         if self.options.adaptive_draft_length and state.draft:
             state.adapt_draft_limit(accepted)
 
-    def _draft(self, rows: list[int], states: list[RequestState],
+    def _draft(self, rows: list[int], row_req_ids: list[str], states: list[RequestState],
                num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                num_rows: int) -> list[list[int]]:
         """Main drafts from the sources, cut to the step's budget, grown into trees."""
@@ -330,9 +331,8 @@ class LookaheadProposer:
         # never past max_model_len: the bonus token needs a slot too
         limits = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
         np.minimum(limits, [state.draft_limit for state in states], out=limits)
-        req_ids = runner_state.request_ids(self._runner)
-        main = self._sources.draft(rows, [req_ids[row] for row in rows], states,
-                                   token_ids_cpu, num_tokens, limits)
+        main = self._sources.draft(rows, row_req_ids, states, token_ids_cpu, num_tokens,
+                                   limits)
         free_tokens = self._step_budget()
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
@@ -383,7 +383,7 @@ class LookaheadProposer:
             return math.inf
         model = self.cost_model
         return runner_state.broadcast_from_first_tp_rank(
-            model.free_tokens() if model.has_samples else None)
+            model.free_tokens() if model.has_estimate else None)
 
     def _count_by_source(self, draft: Draft, count: int, fields: dict[str, str]) -> None:
         """Add the draft's first ``count`` tokens to the stats ``fields`` of their sources."""

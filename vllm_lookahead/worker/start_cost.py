@@ -43,13 +43,18 @@ class StartCost:
     reason: str = ""  # why it could not be measured
 
     @property
+    def fixed_seconds(self) -> float:
+        """The pass's time less its one token's: t(n) = fixed_seconds + token_seconds n."""
+        return self.pass_seconds - self.token_seconds
+
+    @property
     def free_tokens(self) -> float:
         """The pass's fixed cost in units of one more token's (0 if not measured)."""
         if self.reason or math.isnan(self.pass_seconds):
             return 0.0
         if self.token_seconds <= 0:
             return math.inf
-        return max(self.pass_seconds - self.token_seconds, 0.0) / self.token_seconds
+        return max(self.fixed_seconds, 0.0) / self.token_seconds
 
     def describe(self) -> str:
         if self.reason:
