@@ -116,6 +116,25 @@ def test_acceptance_is_kept_per_source_of_each_draft_token():
     assert depth.survival(np.zeros(6, dtype=np.int64))[3] > 0.8
 
 
+def test_a_class_is_calibrated_within_its_sources_group():
+    """Two groups (sources) of two classes (support bins): in the first, tokens every
+    occurrence agreed on are right and tokens seen once are wrong; a class never seen
+    takes its group's rate, not the prior's."""
+    depth = AcceptanceByDepth(max_depth=4, num_sources=4, decay=1.0, group_size=2)
+    for _ in range(30):
+        depth.add(0, 2, 2, np.array([0, 0, 0, 0]))  # unanimous: right at 1 and 2
+        depth.add(0, 1, 0, np.array([1, 1, 1, 1]))  # seen once: wrong at once
+        depth.add(0, 1, 0, np.array([2, 2, 2, 2]))  # the second group: wrong
+    assert depth.first_token_rate(0) > 0.9 and depth.first_token_rate(1) < 0.1
+    assert depth.first_token_rate(3) < 0.1  # never seen: its group's (all wrong)
+    group = (30 + 2 * 0.5) / (60 + 2)
+    assert depth.first_token_rate(0) == pytest.approx((30 + 2 * group) / (30 + 2))
+    rates = depth.conditional_rates()
+    assert rates[0, 1] > 0.9 and rates[0, 1] > rates[1, 1]
+    with pytest.raises(ValueError, match="groups of 2"):
+        AcceptanceByDepth(max_depth=4, num_sources=3, group_size=2)
+
+
 def test_the_cut_keeps_matched_tokens_deeper_than_pool_guesses():
     depth = AcceptanceByDepth(max_depth=8, num_sources=2, decay=1.0)
     for _ in range(30):

@@ -87,20 +87,22 @@ def test_drafts_that_are_rarely_right_are_cut_to_almost_nothing():
 def test_hindsight_settles_drafts_against_the_generated_text():
     hindsight = Hindsight()
     context = np.array([9, 9, 1, 2, 3, 4, 5, 6])
-    hindsight.propose(start=2, tokens=np.array([1, 2, 7]), sources=np.zeros(3, int), kept=1,
-                      max_pending=4)  # 3rd wrong
-    hindsight.propose(start=3, tokens=np.array([2, 3, 4, 5]), sources=np.zeros(4, int), kept=0,
-                      max_pending=4)  # right
+    hindsight.propose(start=2, tokens=np.array([1, 2, 7]), classes=np.zeros(3, int), kept=1,
+                      max_pending=4, first_estimate=0.5)  # 3rd wrong
+    hindsight.propose(start=3, tokens=np.array([2, 3, 4, 5]), classes=np.zeros(4, int), kept=0,
+                      max_pending=4, first_estimate=0.25)  # right
     first, second = hindsight.settle(context, num_tokens=4)  # tokens up to 2 generated
     assert (first.first, first.compared, first.confirmed) == (0, 2, 2)
     assert (second.first, second.compared, second.confirmed) == (0, 1, 1)
     assert first.cut_confirmed == 1 and second.cut_confirmed == 1
+    assert (first.first_estimate, second.first_estimate) == (0.5, 0.25)
     first, second = hindsight.settle(context, num_tokens=8)
     assert (first.first, first.compared, first.confirmed) == (2, 1, 0)  # 7 != 3: settled
     assert (second.first, second.compared, second.confirmed) == (1, 3, 3)
     assert hindsight.pending == [] and hindsight.settle(context, 8) == []
     for start in range(10):  # never more pending than the bound
-        hindsight.propose(start, np.array([1]), np.zeros(1, int), kept=0, max_pending=4)
+        hindsight.propose(start, np.array([1]), np.zeros(1, int), kept=0, max_pending=4,
+                          first_estimate=0.5)
     assert [draft.start for draft in hindsight.pending] == [6, 7, 8, 9]
 
 

@@ -142,23 +142,30 @@ class StepCostModel:
 
 
 class AcceptanceByDepth:
-    """Worker-wide acceptance by draft position and by the source of each draft token,
-    for one sampling class, from recent drafts checked in hindsight (``hindsight.py``:
-    every proposed draft, also the tokens the cut dropped).
+    """Worker-wide acceptance by draft position and by the calibration class of each
+    draft token, for one sampling class, from recent drafts checked in hindsight
+    (``hindsight.py``: every proposed draft, also the tokens the cut dropped).
 
     Acceptance is far from geometric: a draft whose first tokens were right (a copied
     span) tends to stay right, so deep tokens are conditioned on the ones before them,
     per position. And it differs by source: a token the context's own repeat drafted is
-    accepted several times as often as one the n-gram pool guessed, so each source has
-    its rates, and a draft's estimate follows the sources of its tokens.
+    accepted several times as often as one the n-gram pool guessed; within a source, by
+    how well the source supported it (``sources/support.py``). So each class (a source
+    and a support bin) has its rates, and a draft's estimate follows the classes of its
+    tokens. Classes come in groups of ``group_size`` (a source's bins): a class seen
+    rarely is smoothed towards its group's rate, the group towards the prior.
     """
 
-    def __init__(self, max_depth: int, num_sources: int = 1, decay: float = WORKER_DECAY):
-        # drafts checked at position j whose token there came from source s, and those
+    def __init__(self, max_depth: int, num_sources: int = 1, decay: float = WORKER_DECAY,
+                 group_size: int = 1):
+        if num_sources % group_size:
+            raise ValueError(f"{num_sources} classes do not split into groups of {group_size}")
+        # drafts checked at position j whose token there was of class s, and those
         # right there
         self._reached = np.zeros((num_sources, max_depth))
         self._accepted = np.zeros((num_sources, max_depth))
         self._decay = decay
+        self._group_size = group_size
 
     def decay(self) -> None:
         """Once per step: older evidence counts less."""
@@ -176,25 +183,38 @@ class AcceptanceByDepth:
         np.add.at(self._accepted, (rows[:confirmed], checked[:confirmed]), 1)
 
     def first_token_rate(self, source: int | None = None) -> float:
-        """Acceptance of first draft tokens (from ``source``, or from any): the prior of
-        each request's own rate (smoothed towards ``PRIOR_FIRST_RATE``)."""
-        rows = slice(None) if source is None else source
-        accepted, reached = self._accepted[rows, 0].sum(), self._reached[rows, 0].sum()
-        return (accepted + PRIOR_WEIGHT * PRIOR_FIRST_RATE) / (reached + PRIOR_WEIGHT)
+        """Acceptance of first draft tokens (of class ``source``, or of any): what each
+        request's own record scales (smoothed towards its group's rate, the group's
+        towards ``PRIOR_FIRST_RATE``)."""
+        if source is None:
+            return _smoothed(self._accepted[:, 0].sum(), self._reached[:, 0].sum(),
+                             PRIOR_FIRST_RATE)
+        group = slice(source - source % self._group_size,
+                      source - source % self._group_size + self._group_size)
+        rate = _smoothed(self._accepted[group, 0].sum(), self._reached[group, 0].sum(),
+                         PRIOR_FIRST_RATE)
+        if self._group_size == 1:
+            return rate
+        return _smoothed(self._accepted[source, 0], self._reached[source, 0], rate)
 
     def conditional_rates(self) -> np.ndarray:
-        """``[s, j]``: P(token j+1 accepted | the tokens before it were), for a token from
-        source s (column 0 is 1: the first token's rate is the request's own). Deep
-        positions are reached rarely: each rate is smoothed towards the source's rate
-        at the position before (``PRIOR_WEIGHT`` pseudo-verifications), not towards a
-        constant, which would compound into a vanishing estimate for long copied spans."""
+        """``[s, j]``: P(token j+1 accepted | the tokens before it were), for a token of
+        class s (column 0 is 1: the first token's rate is ``first_token_rate``, scaled
+        by the request's own record). Deep positions are reached rarely: each group's
+        rate is smoothed towards the group's rate at the position before
+        (``PRIOR_WEIGHT`` pseudo-verifications), not towards a constant, which would
+        compound into a vanishing estimate for long copied spans; each class's rate
+        towards its group's at the same position."""
         num_sources, depth = self._reached.shape
+        size = self._group_size
+        groups_accepted = self._accepted.reshape(-1, size, depth).sum(axis=1)
+        groups_reached = self._reached.reshape(-1, size, depth).sum(axis=1)
         rates = np.ones((num_sources, depth))
-        rate = np.full(num_sources, PRIOR_DEPTH_RATE)
+        rate = np.full(num_sources // size, PRIOR_DEPTH_RATE)
         for j in range(1, depth):
-            rate = ((self._accepted[:, j] + PRIOR_WEIGHT * rate)
-                    / (self._reached[:, j] + PRIOR_WEIGHT))
-            rates[:, j] = rate
+            rate = _smoothed(groups_accepted[:, j], groups_reached[:, j], rate)
+            rates[:, j] = rate if size == 1 else _smoothed(
+                self._accepted[:, j], self._reached[:, j], np.repeat(rate, size))
         return rates
 
     def survival(self, sources: np.ndarray | None = None) -> np.ndarray:
@@ -203,6 +223,11 @@ class AcceptanceByDepth:
         rates = self.conditional_rates()
         return survival_along(rates, np.zeros(rates.shape[1], dtype=np.int64)
                               if sources is None else sources)
+
+
+def _smoothed(accepted, reached, prior):
+    """``accepted / reached`` with ``PRIOR_WEIGHT`` pseudo-verifications at ``prior``."""
+    return (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
 
 
 def survival_along(rates: np.ndarray, sources: np.ndarray) -> np.ndarray:

@@ -25,8 +25,9 @@ class ProposedDraft:
 
     start: int  # context position of its first token
     tokens: np.ndarray
-    sources: np.ndarray  # each token's source (``drafts.TOKEN_SOURCES``)
+    classes: np.ndarray  # each token's calibration class (``Draft.token_classes``)
     kept: int  # leading tokens the cut left to be verified
+    first_estimate: float  # the worker's acceptance estimate of its first token's class
     matched: int = 0  # leading tokens the generated text has confirmed so far
 
 
@@ -40,7 +41,8 @@ class Outcome:
     compared: int
     confirmed: int
     cut_confirmed: int  # matched tokens among those the cut had dropped
-    sources: np.ndarray  # the source of each of the draft's tokens
+    classes: np.ndarray  # the calibration class of each of the draft's tokens
+    first_estimate: float  # what the worker expected of its first token when proposed
 
 
 @dataclass
@@ -53,13 +55,13 @@ class Hindsight:
 
     pending: list[ProposedDraft] = field(default_factory=list)
 
-    def propose(self, start: int, tokens: np.ndarray, sources: np.ndarray, kept: int,
-                max_pending: int) -> None:
+    def propose(self, start: int, tokens: np.ndarray, classes: np.ndarray, kept: int,
+                max_pending: int, first_estimate: float) -> None:
         if not len(tokens):
             return
         if len(self.pending) >= max_pending:
             del self.pending[: len(self.pending) - max_pending + 1]
-        self.pending.append(ProposedDraft(start, tokens, sources, kept))
+        self.pending.append(ProposedDraft(start, tokens, classes, kept, first_estimate))
 
     def settle(self, context: np.ndarray, num_tokens: int) -> list[Outcome]:
         """Compare the pending drafts with the context's tokens up to ``num_tokens``;
@@ -77,7 +79,8 @@ class Hindsight:
             draft.matched = first + confirmed
             cut_confirmed = max(0, draft.matched - max(first, draft.kept))
             compared = confirmed + (1 if len(differs) else 0)
-            outcomes.append(Outcome(first, compared, confirmed, cut_confirmed, draft.sources))
+            outcomes.append(Outcome(first, compared, confirmed, cut_confirmed, draft.classes,
+                                    draft.first_estimate))
             if not len(differs) and draft.matched < len(draft.tokens):
                 still_pending.append(draft)
         self.pending = still_pending

@@ -72,11 +72,12 @@ class LookaheadOptions(MethodOptions):
         True, None,
         "Under load, cut drafts to the tokens the step's compute affords: the decode step "
         "time (start to start) is fitted online against its token count, and a draft token "
-        "is kept only while its expected acceptance (its request's recent first-token "
-        "acceptance times the worker's acceptance by draft position and by the source of "
-        "each token, among requests sampled alike (greedy, or by temperature and top-p), "
-        "both learned from every proposed draft, cut ones too, against the text then "
-        "generated) raises the "
+        "is kept only while its expected acceptance (the worker's acceptance by draft "
+        "position, by the source of each token and by how well the source supported it "
+        "(seen once, copied after a long match, unanimous, a majority or a minority of the "
+        "occurrences), among requests sampled alike (greedy, or by temperature and top-p), "
+        "the first token's scaled by its request's own record; learned from every proposed "
+        "draft, cut ones too, against the text then generated) raises the "
         "expected tokens per second of the whole step. At batch size 1 it rarely cuts. "
         "Tree nodes (tree_candidates, tree_window) are added only from what is left, at "
         "their cost per node and tree.",

@@ -34,7 +34,8 @@ from vllm_lookahead.lookahead.budget import (
     survival_along,
 )
 from vllm_lookahead.lookahead.options import LookaheadOptions
-from vllm_lookahead.lookahead.sources.drafts import TOKEN_SOURCES, Draft, DraftSources
+from vllm_lookahead.lookahead.sources.drafts import NUM_TOKEN_CLASSES, Draft, DraftSources
+from vllm_lookahead.lookahead.sources.support import SUPPORT_BINS
 from vllm_lookahead.lookahead.state import RequestState, RequestStates
 from vllm_lookahead.metrics import (
     ACCEPTED_SOURCES,
@@ -76,7 +77,8 @@ class LookaheadProposer:
         self.cost_model = StepCostModel()
         #: worker-wide estimates, by sampling class (``budget.sampling_class``)
         self._depth_acceptance = [AcceptanceByDepth(self.num_speculative_tokens,
-                                                    len(TOKEN_SOURCES))
+                                                    NUM_TOKEN_CLASSES,
+                                                    group_size=SUPPORT_BINS)
                                   for _ in range(NUM_SAMPLING_CLASSES)]
         self._tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
         #: times decode steps for the cost model (replaced by a simulated clock in
@@ -285,9 +287,9 @@ class LookaheadProposer:
         depth_acceptance = self._depth_acceptance[state.sampling_class]
         for outcome in state.hindsight.settle(context, num_tokens):
             if outcome.first == 0:
-                state.count_first_token(outcome.confirmed > 0)
+                state.count_first_token(outcome.confirmed > 0, outcome.first_estimate)
             depth_acceptance.add(outcome.first, outcome.compared, outcome.confirmed,
-                                 outcome.sources)
+                                 outcome.classes)
             self._stats.cut_tokens_confirmed += outcome.cut_confirmed
 
     def _learn(self, state: RequestState, emitted: list[int],
@@ -336,11 +338,17 @@ class LookaheadProposer:
         free_tokens = self._step_budget()
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
-            sources = [draft.token_sources() for draft in main]
-            self._stats.cut_tokens += self._cut(main, sources, states, free_tokens)
+            classes = [draft.token_classes() for draft in main]
+            first_estimates = [
+                self._depth_acceptance[state.sampling_class].first_token_rate(
+                    int(token_classes[0]) if len(token_classes) else None)
+                for state, token_classes in zip(states, classes)]
+            self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
+                                                free_tokens)
             for b, state in enumerate(states):
-                state.hindsight.propose(int(num_tokens[b]), proposed[b], sources[b],
-                                        len(main[b].tokens), state.max_draft)
+                state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
+                                        len(main[b].tokens), state.max_draft,
+                                        first_estimates[b])
             self._stats.free_tokens = math.inf if free_tokens is None else free_tokens
             self._cut_log.maybe_log(self._stats, self.cost_model)
         for row, draft in zip(rows, main):
@@ -357,21 +365,21 @@ class LookaheadProposer:
                 self._count_by_source(draft, len(draft.tokens), DRAFT_SOURCES)
         return drafts
 
-    def _cut(self, main: list[Draft], sources: list[np.ndarray], states: list[RequestState],
-             free_tokens: float | None) -> int:
-        """Cut the main drafts to the step's budget, each token's acceptance estimated
-        by its request's own first-token rate and its sampling class's acceptance by
-        depth of tokens from the same sources."""
-        classes = [state.sampling_class for state in states]
-        by_class = {c: self._depth_acceptance[c] for c in set(classes)}
-        rates = {c: depth.conditional_rates() for c, depth in by_class.items()}
+    def _cut(self, main: list[Draft], classes: list[np.ndarray], first_estimates: list[float],
+             states: list[RequestState], free_tokens: float | None) -> int:
+        """Cut the main drafts to the step's budget. Each token's acceptance is
+        estimated by calibration class (its source and support bin): the first token's
+        by the worker's ``first_estimates`` scaled by its request's own record, the
+        later ones by the acceptance by depth of tokens of the same classes, among
+        requests of the same sampling class."""
+        sampling = [state.sampling_class for state in states]
+        rates = {c: self._depth_acceptance[c].conditional_rates() for c in set(sampling)}
         survival = np.ones((len(main), self.num_speculative_tokens))
-        first_rates = []
-        for b, (state, c) in enumerate(zip(states, classes)):
-            if len(sources[b]):
-                survival[b, : len(sources[b])] = survival_along(rates[c], sources[b])
-            source = int(sources[b][0]) if len(sources[b]) else None
-            first_rates.append(state.first_token_rate(by_class[c].first_token_rate(source)))
+        for b, c in enumerate(sampling):
+            if len(classes[b]):
+                survival[b, : len(classes[b])] = survival_along(rates[c], classes[b])
+        first_rates = [state.first_token_rate(estimate)
+                       for state, estimate in zip(states, first_estimates)]
         return cut_to_budget([draft.tokens for draft in main], first_rates, survival,
                              free_tokens)
 

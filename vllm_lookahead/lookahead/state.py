@@ -50,9 +50,10 @@ class RequestState:
     # target's top-k (ids, log-probs) per position after the bonus token, from the
     # Jacobi positions past the last rejection (``rescoring_top_k``)
     lattice: tuple[list[list[int]], list[list[float]]] | None = None
-    # decayed counts of proposed drafts whose first token the generated text settled,
-    # and of those it confirmed (``hindsight.py``, also for drafts the cut dropped)
-    checked_drafts: float = 0.0
+    # proposed drafts whose first token the generated text settled (``hindsight.py``,
+    # also drafts the cut dropped), decayed: the sum of the worker's estimates of their
+    # first tokens when proposed, and how many were confirmed
+    first_expected: float = 0.0
     first_confirmed: float = 0.0
     hindsight: Hindsight = field(default_factory=Hindsight)
     # tree drafts (``tree_candidates``, ``tree_window``): ``draft`` is the main chain,
@@ -67,16 +68,23 @@ class RequestState:
     # per window column of the last tree: (column, node of its key, its last node)
     window_columns: list[tuple[int, int, int]] = field(default_factory=list)
 
-    def first_token_rate(self, prior: float) -> float:
-        """Chance that the first draft token is accepted: the request's own evidence,
-        smoothed towards ``prior`` (the worker's rate) by ``FIRST_TOKEN_PRIOR_WEIGHT``
-        pseudo-drafts. A prior of one half would keep a request that is rarely right
-        above the break-even rate of expensive tokens."""
-        return ((self.first_confirmed + FIRST_TOKEN_PRIOR_WEIGHT * prior)
-                / (self.checked_drafts + FIRST_TOKEN_PRIOR_WEIGHT))
+    def first_token_rate(self, estimate: float) -> float:
+        """Chance that the first draft token is accepted: the worker's ``estimate`` for
+        the token's calibration class, scaled by how the request's own first tokens
+        fared against the estimates they had when proposed (smoothed by
+        ``FIRST_TOKEN_PRIOR_WEIGHT`` pseudo-drafts that met theirs). The class says
+        how sure the source was (a long unanimous match, a pool guess seen once); the
+        request's record says how predictable its text is, so that a request that is
+        rarely right stays below the break-even rate of expensive tokens."""
+        weight = FIRST_TOKEN_PRIOR_WEIGHT * estimate
+        if weight + self.first_expected <= 0:
+            return estimate
+        return min(1.0, estimate * (self.first_confirmed + weight)
+                   / (self.first_expected + weight))
 
-    def count_first_token(self, confirmed: bool) -> None:
-        self.checked_drafts = ACCEPTANCE_DECAY * self.checked_drafts + 1
+    def count_first_token(self, confirmed: bool, estimate: float) -> None:
+        """A proposed draft's first token, estimated at ``estimate``, was settled."""
+        self.first_expected = ACCEPTANCE_DECAY * self.first_expected + estimate
         self.first_confirmed = ACCEPTANCE_DECAY * self.first_confirmed + confirmed
 
     def adapt_draft_limit(self, accepted: int) -> None:

@@ -10,21 +10,24 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from vllm_lookahead.lookahead.sources.support import support_bin
+
 
 #: Earlier occurrences of the matched suffix kept as candidates (most recent first).
 MAX_MATCH_CANDIDATES = 64
 
 
 @numba.njit(cache=True, nogil=True)
-def suffix_match(tokens, num_tokens, min_n, max_n, max_out, min_prob, out):
+def suffix_match(tokens, num_tokens, min_n, max_n, max_out, min_prob, out, bins):
     """Most frequent continuation of the longest repeated suffix of ``tokens[:num_tokens]``.
 
     The earlier occurrences of the longest suffix (``min_n .. max_n`` tokens) are the
     branches of a trie of continuations; the draft follows the most frequent child
     at each depth (ties: the most recent occurrence) while the product of the
     children's frequencies, an estimate of the draft prefix's probability, stays at
-    or above ``min_prob``. Writes up to ``max_out`` tokens into ``out``; returns
-    (tokens written, match length, probability estimate of the draft).
+    or above ``min_prob``. Writes up to ``max_out`` tokens into ``out`` and their
+    support bins into ``bins``; returns (tokens written, match length, probability
+    estimate of the draft).
     """
     if num_tokens < min_n + 1 or max_out <= 0:
         return 0, 0, 0.0
@@ -49,19 +52,21 @@ def suffix_match(tokens, num_tokens, min_n, max_n, max_out, min_prob, out):
                 break
     if best_len < min_n:
         return 0, 0, 0.0
-    depth, prob = follow_most_frequent(tokens, num_tokens, ends, num_ends, max_out,
-                                       min_prob, out)
+    depth, prob = follow_most_frequent(tokens, num_tokens, ends, num_ends, best_len,
+                                       max_out, min_prob, out, bins)
     return depth, best_len, prob
 
 
 @numba.njit(cache=True, nogil=True)
-def follow_most_frequent(tokens, size, ends, num_ends, max_out, min_prob, out):
+def follow_most_frequent(tokens, size, ends, num_ends, match_len, max_out, min_prob, out,
+                         bins):
     """The most frequent continuation of the occurrences ending at ``ends[:num_ends]``
-    (most recent first: ties go to it), token by token, while the product of the
+    (most recent first: ties go to it) of a ``match_len``-token suffix, token by token, while the product of the
     chosen tokens' frequencies stays at or above ``min_prob``; a continuation ends at
     ``size`` or at a negative token (a separator). Writes up to ``max_out`` tokens into
-    ``out`` (``ends`` is overwritten); returns (tokens written, their probability
-    estimate)."""
+    ``out`` and the support bin of each (``support.support_bin``: its count among the
+    occurrences still followed) into ``bins`` (``ends`` is overwritten); returns
+    (tokens written, their probability estimate)."""
     prob = 1.0
     depth = 0
     while depth < max_out:
@@ -89,6 +94,7 @@ def follow_most_frequent(tokens, size, ends, num_ends, max_out, min_prob, out):
             break
         prob *= best_count / live
         out[depth] = best_token
+        bins[depth] = support_bin(best_count, live, match_len + depth)
         depth += 1
         kept = 0
         for i in range(live):
@@ -101,11 +107,12 @@ def follow_most_frequent(tokens, size, ends, num_ends, max_out, min_prob, out):
 
 @numba.njit(cache=True, nogil=True)
 def batch_suffix_match(token_ids, rows, num_tokens, max_out, min_n, max_n, min_prob,
-                       out, out_count, match_len, out_prob):
+                       out, out_bins, out_count, match_len, out_prob):
     """``suffix_match`` for each ``rows[b]`` of the runner's token buffer."""
     for b in range(rows.shape[0]):
         out_count[b], match_len[b], out_prob[b] = suffix_match(
-            token_ids[rows[b]], num_tokens[b], min_n, max_n, max_out[b], min_prob[b], out[b]
+            token_ids[rows[b]], num_tokens[b], min_n, max_n, max_out[b], min_prob[b], out[b],
+            out_bins[b]
         )
 
 
@@ -115,5 +122,5 @@ def warm_up_suffix_match() -> None:
     out = np.zeros((1, 4), dtype=np.int32)
     counts = np.zeros(1, dtype=np.int64)
     batch_suffix_match(tokens, np.zeros(1, np.int64), np.array([5], np.int64),
-                       np.array([4], np.int64), 1, 2, np.array([0.1]), out, counts,
-                       counts.copy(), np.zeros(1))
+                       np.array([4], np.int64), 1, 2, np.array([0.1]), out,
+                       np.zeros((1, 4), dtype=np.int8), counts, counts.copy(), np.zeros(1))

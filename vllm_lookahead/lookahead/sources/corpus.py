@@ -11,6 +11,10 @@ import numpy as np
 
 from vllm_lookahead.lookahead.sources.context import follow_most_frequent
 
+#: (match length, continuation, the support bin of each of its tokens)
+Match = tuple[int, list[int], list[int]]
+NO_MATCH: Match = (0, [], [])
+
 
 class ResponseCorpus:
     """Finished responses, searched for the longest repeat of a request's context suffix.
@@ -69,10 +73,10 @@ class ResponseCorpus:
                                     separated=False)
 
     def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int,
-              min_prob: float = 0.0) -> tuple[int, list[int]]:
-        """(match length, continuation) of the longest repeat of ``suffix``'s end (``_match``)."""
+              min_prob: float = 0.0) -> Match:
+        """(match length, continuation, its support bins) of the longest repeat of ``suffix``'s end (``_match``)."""
         if len(suffix) < 2 or max_out <= 0 or self._size == 0:
-            return 0, []
+            return NO_MATCH
         return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
                       min_prob, self.candidates_per_bigram, self._size)
 
@@ -144,12 +148,12 @@ class LiveResponses:
         self.release([req_id for req_id in self._slots if req_id not in live])
 
     def match(self, req_id: str, suffix: list[int], min_n: int, max_n: int, max_out: int,
-              min_prob: float = 0.0) -> tuple[int, list[int]]:
-        """(match length, continuation) of the longest repeat of ``suffix``'s end in the
+              min_prob: float = 0.0) -> Match:
+        """(match length, continuation, its support bins) of the longest repeat of ``suffix``'s end in the
         other requests' responses (the request's own is its context's; ``_match``)."""
         slot = self._slots.get(req_id, -1)
         if len(suffix) < 2 or max_out <= 0 or len(self._slots) == (slot >= 0):  # no other
-            return 0, []
+            return NO_MATCH
         skip = (slot * self.slot_tokens, (slot + 1) * self.slot_tokens) if slot >= 0 else (0, 0)
         return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
                       min_prob, self.candidates_per_bigram, len(self._tokens), skip)
@@ -165,18 +169,20 @@ def warm_up_corpus() -> None:
 
 def _match(tokens: np.ndarray, prev: np.ndarray, heads: np.ndarray, suffix: list[int],
            min_n: int, max_n: int, max_out: int, min_prob: float, max_candidates: int,
-           size: int, skip: tuple[int, int] = (0, 0)) -> tuple[int, list[int]]:
-    """(match length, continuation) of the longest repeat of ``suffix``'s end outside
+           size: int, skip: tuple[int, int] = (0, 0)) -> Match:
+    """(match length, continuation, its support bins) of the longest repeat of ``suffix``'s end outside
     positions ``[skip[0], skip[1])``: the most frequent continuation of its
     occurrences, as for the context's own matches (``context.follow_most_frequent``)."""
     ends = np.empty(max_candidates, dtype=np.int64)
     length, num_ends = _corpus_match(tokens, prev, heads, np.asarray(suffix, dtype=np.int32),
                                      max_n, skip[0], skip[1], ends)
     if length < min_n:
-        return 0, []
+        return NO_MATCH
     out = np.empty(max(max_out, 0), dtype=np.int32)
-    count, _ = follow_most_frequent(tokens, size, ends, num_ends, max_out, min_prob, out)
-    return length, out[:count].tolist()
+    bins = np.empty(max(max_out, 0), dtype=np.int8)
+    count, _ = follow_most_frequent(tokens, size, ends, num_ends, length, max_out, min_prob,
+                                    out, bins)
+    return length, out[:count].tolist(), bins[:count].tolist()
 
 
 def _hash_table_size(capacity: int) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,12 +16,15 @@ from vllm_lookahead.lookahead.sources.corpus import (
 )
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
+from vllm_lookahead.lookahead.sources.support import SEEN_ONCE, SUPPORT_BINS
 from vllm_lookahead.lookahead.state import RequestState
 
 
-#: Where a main draft's tokens come from, in the order of ``Draft.token_sources`` and of
-#: the rows of ``budget.AcceptanceByDepth``.
+#: Where a main draft's tokens come from, in the order of ``Draft.token_sources``.
 TOKEN_SOURCES = ("context", "corpus", "lattice", "pool", "recycled")
+#: Calibration classes, the rows of ``budget.AcceptanceByDepth``: each source's tokens
+#: by their support bin (``support.py``), ``Draft.token_classes``.
+NUM_TOKEN_CLASSES = len(TOKEN_SOURCES) * SUPPORT_BINS
 
 
 @dataclass
@@ -35,6 +38,8 @@ class Draft:
     matched: int = 0
     from_pool: int = 0
     from_lattice: int = 0
+    #: each token's support bin (``support.py``), as drafted (the cut shortens ``tokens``)
+    bins: list[int] = field(default_factory=list)
 
     def tokens_by_source(self, count: int | None = None) -> dict[str, int]:
         """Tokens per source among the draft's first ``count`` tokens (all that is left
@@ -54,6 +59,12 @@ class Draft:
         counts = self.tokens_by_source()
         return np.repeat(np.arange(len(TOKEN_SOURCES)),
                          [counts.get(source, 0) for source in TOKEN_SOURCES])
+
+    def token_classes(self) -> np.ndarray:
+        """Each token's calibration class: its source and its support bin, an index into
+        the rows of ``budget.AcceptanceByDepth`` (``NUM_TOKEN_CLASSES``)."""
+        bins = np.asarray(self.bins[: len(self.tokens)], dtype=np.int64)
+        return self.token_sources() * SUPPORT_BINS + bins
 
 
 @dataclass
@@ -101,6 +112,7 @@ class DraftSources:
         #: and ``recycle_top_k`` is ``auto``)
         self.recycled = RecycledTopK(vocab_size, recycle_top_k) if recycle_top_k else None
         self._match_out = np.zeros((max_rows, max_draft), dtype=np.int32)
+        self._match_bins = np.zeros((max_rows, max_draft), dtype=np.int8)
         self._match_count = np.zeros(max_rows, dtype=np.int64)
         self._match_len = np.zeros(max_rows, dtype=np.int64)
         self._match_prob = np.zeros(max_rows, dtype=np.float64)
@@ -116,14 +128,14 @@ class DraftSources:
         batch_suffix_match(
             token_ids_cpu, np.asarray(rows, dtype=np.int64), num_tokens, limits,
             opts.suffix_match_min, opts.suffix_match_max, min_prob, self._match_out,
-            self._match_count, self._match_len, self._match_prob,
+            self._match_bins, self._match_count, self._match_len, self._match_prob,
         )
         drafts = []
         for b, (row, req_id, state) in enumerate(zip(rows, req_ids, states)):
             limit = int(limits[b])
             draft = self._matched_continuation(b, req_id, token_ids_cpu[row], int(num_tokens[b]),
                                                limit, state.draft_min_prob)
-            draft.from_lattice, prob = self._fill_from_pool(state, draft.tokens, limit,
+            draft.from_lattice, prob = self._fill_from_pool(state, draft, limit,
                                                             self._match_estimate(b, draft))
             draft.from_pool = len(draft.tokens) - draft.matched
             if self.recycled is not None and len(draft.tokens) < limit:
@@ -131,6 +143,7 @@ class DraftSources:
                     draft.tokens[-1] if draft.tokens else state.pending_token,
                     limit - len(draft.tokens), prob, state.draft_min_prob)
                 draft.tokens.extend(recycled)
+                draft.bins.extend([SEEN_ONCE] * len(recycled))
             drafts.append(draft)
         return drafts
 
@@ -140,18 +153,19 @@ class DraftSources:
         finished responses or in the other requests' live ones, as long as the corpus's
         measured acceptance keeps it above ``min_prob``."""
         opts = self.options
-        own = self._match_out[b, : self._match_count[b]].tolist()
+        count = self._match_count[b]
+        own, own_bins = self._match_out[b, :count].tolist(), self._match_bins[b, :count].tolist()
         own_length = self._match_len[b]
         if own_length < opts.suffix_match_max and (len(self.corpus) or len(self.live)):
             suffix = tokens[max(0, num_tokens - opts.suffix_match_max) : num_tokens].tolist()
             bounds = (max(opts.suffix_match_min, 2), opts.suffix_match_max,
                       min(limit, self.corpus_acceptance.tokens_above(min_prob)), min_prob)
-            length, continuation = max(  # ties: one with a continuation, then finished
+            length, continuation, bins = max(  # ties: one with a continuation, then finished
                 self.corpus.match(suffix, *bounds), self.live.match(req_id, suffix, *bounds),
                 key=lambda found: (found[0], bool(found[1])))
             if length > own_length and continuation:
-                return Draft(continuation, "corpus", len(continuation))
-        return Draft(own, "context", len(own))
+                return Draft(continuation, "corpus", len(continuation), bins=bins)
+        return Draft(own, "context", len(own), bins=own_bins)
 
     def _match_estimate(self, b: int, draft: Draft) -> float:
         """Probability estimate of the match: the context's continuation frequencies,
@@ -170,7 +184,7 @@ class DraftSources:
         if reached:
             self.corpus_acceptance.add(reached, draft.tokens_by_source(accepted)["corpus"])
 
-    def _fill_from_pool(self, state: RequestState, draft: list[int], limit: int,
+    def _fill_from_pool(self, state: RequestState, draft: Draft, limit: int,
                         prob: float) -> tuple[int, float]:
         """Extend ``draft`` towards ``limit`` tokens by chained lookups in the request's
         pool while the draft's probability estimate stays at or above ``draft_min_prob``.
@@ -178,20 +192,22 @@ class DraftSources:
         and the draft's probability estimate."""
         opts = self.options
         from_lattice = 0
-        key = draft[-1] if draft else state.pending_token
-        while len(draft) < limit:
-            if not draft and state.lattice is not None:
+        tokens = draft.tokens
+        key = tokens[-1] if tokens else state.pending_token
+        while len(tokens) < limit:
+            if not tokens and state.lattice is not None:
                 best, is_lattice_path = rescored(state.pool, state.lattice, key,
                                                  opts.guess_set_size, opts.ngram_size)
             else:
                 best, is_lattice_path = state.pool.best(key, opts.guess_set_size), False
             if best is None or prob * best[1] < state.draft_min_prob:
                 break
-            continuation, share = best
+            continuation, share, support = best
             prob *= share
-            draft.extend(continuation)
+            tokens.extend(continuation)
+            draft.bins.extend([SEEN_ONCE if is_lattice_path else support] * len(continuation))
             key = continuation[-1]
             if is_lattice_path:
                 from_lattice = len(continuation)
-        del draft[limit:]
+        del tokens[limit:], draft.bins[limit:]
         return from_lattice, prob

@@ -7,6 +7,8 @@ request is bounded by ``max_keys * max_per_key * (N-1)`` tokens.
 
 from __future__ import annotations
 
+from vllm_lookahead.lookahead.sources.support import support_bin
+
 Continuation = tuple[int, ...]
 
 
@@ -51,12 +53,14 @@ class NgramPool:
             return []
         return list(entries.items())[: -guess_set_size - 1 : -1]
 
-    def best(self, key: int, guess_set_size: int) -> tuple[Continuation, float] | None:
+    def best(self, key: int, guess_set_size: int) -> tuple[Continuation, float, int] | None:
         """Most frequent of the ``guess_set_size`` most recent continuations of ``key``,
-        with its share of their counts (the draft's probability estimate)."""
+        with its share of their counts (the draft's probability estimate) and its
+        support bin (``support.py``)."""
         recent = self.candidates(key, guess_set_size)
         if not recent:
             return None
         # max keeps the first maximum: newest first, so ties go to the newest
         continuation, count = max(recent, key=lambda item: item[1])
-        return continuation, count / sum(c for _, c in recent)
+        total = sum(c for _, c in recent)
+        return continuation, count / total, support_bin(count, total, 1)
