@@ -15,6 +15,7 @@ import bisect
 import math
 from typing import Any
 
+import numba
 import numpy as np
 
 #: Passes timed before the fit is trusted; until then no draft is cut.
@@ -189,13 +190,15 @@ class AcceptanceByDepth:
         if source is None:
             return _smoothed(self._accepted[:, 0].sum(), self._reached[:, 0].sum(),
                              PRIOR_FIRST_RATE)
-        group = slice(source - source % self._group_size,
-                      source - source % self._group_size + self._group_size)
-        rate = _smoothed(self._accepted[group, 0].sum(), self._reached[group, 0].sum(),
-                         PRIOR_FIRST_RATE)
-        if self._group_size == 1:
-            return rate
-        return _smoothed(self._accepted[source, 0], self._reached[source, 0], rate)
+        return float(self.first_token_rates()[source])
+
+    def first_token_rates(self) -> np.ndarray:
+        """``first_token_rate`` of every class (once a step, for the whole batch)."""
+        size = self._group_size
+        accepted, reached = self._accepted[:, 0], self._reached[:, 0]
+        groups = _smoothed(accepted.reshape(-1, size).sum(axis=1),
+                           reached.reshape(-1, size).sum(axis=1), PRIOR_FIRST_RATE)
+        return groups if size == 1 else _smoothed(accepted, reached, np.repeat(groups, size))
 
     def conditional_rates(self) -> np.ndarray:
         """``[s, j]``: P(token j+1 accepted | the tokens before it were), for a token of
@@ -205,17 +208,8 @@ class AcceptanceByDepth:
         (``PRIOR_WEIGHT`` pseudo-verifications), not towards a constant, which would
         compound into a vanishing estimate for long copied spans; each class's rate
         towards its group's at the same position."""
-        num_sources, depth = self._reached.shape
-        size = self._group_size
-        groups_accepted = self._accepted.reshape(-1, size, depth).sum(axis=1)
-        groups_reached = self._reached.reshape(-1, size, depth).sum(axis=1)
-        rates = np.ones((num_sources, depth))
-        rate = np.full(num_sources // size, PRIOR_DEPTH_RATE)
-        for j in range(1, depth):
-            rate = _smoothed(groups_accepted[:, j], groups_reached[:, j], rate)
-            rates[:, j] = rate if size == 1 else _smoothed(
-                self._accepted[:, j], self._reached[:, j], np.repeat(rate, size))
-        return rates
+        return _grouped_depth_rates(self._accepted, self._reached, self._group_size,
+                                    PRIOR_DEPTH_RATE, PRIOR_WEIGHT)
 
     def survival(self, sources: np.ndarray | None = None) -> np.ndarray:
         """P(token j accepted | token 1 accepted) at index j-1, for a draft whose tokens
@@ -223,6 +217,26 @@ class AcceptanceByDepth:
         rates = self.conditional_rates()
         return survival_along(rates, np.zeros(rates.shape[1], dtype=np.int64)
                               if sources is None else sources)
+
+
+@numba.njit(cache=True, nogil=True)
+def _grouped_depth_rates(accepted, reached, group_size, prior_rate, prior_weight):
+    """``AcceptanceByDepth.conditional_rates`` (compiled: it runs every step, a
+    recurrence over the depths of every class)."""
+    num_classes, depth = accepted.shape
+    rates = np.ones((num_classes, depth))
+    for group in range(0, num_classes, group_size):
+        rate = prior_rate
+        for j in range(1, depth):
+            group_accepted, group_reached = 0.0, 0.0
+            for s in range(group, group + group_size):
+                group_accepted += accepted[s, j]
+                group_reached += reached[s, j]
+            rate = (group_accepted + prior_weight * rate) / (group_reached + prior_weight)
+            for s in range(group, group + group_size):
+                rates[s, j] = rate if group_size == 1 else (
+                    (accepted[s, j] + prior_weight * rate) / (reached[s, j] + prior_weight))
+    return rates
 
 
 def _smoothed(accepted, reached, prior):

@@ -80,6 +80,7 @@ class LookaheadProposer:
                                                     NUM_TOKEN_CLASSES,
                                                     group_size=SUPPORT_BINS)
                                   for _ in range(NUM_SAMPLING_CLASSES)]
+        self._depth_acceptance[0].conditional_rates()  # compiled before the first request
         self._tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
         #: times decode steps for the cost model (replaced by a simulated clock in
         #: benchmarks/replay.py and the tests)
@@ -339,9 +340,11 @@ class LookaheadProposer:
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
             classes = [draft.token_classes() for draft in main]
-            first_estimates = [
-                self._depth_acceptance[state.sampling_class].first_token_rate(
-                    int(token_classes[0]) if len(token_classes) else None)
+            first_rates = {c: self._depth_acceptance[c].first_token_rates()
+                           for c in {state.sampling_class for state in states}}
+            first_estimates = [  # an empty draft has no first token to estimate
+                float(first_rates[state.sampling_class][token_classes[0]])
+                if len(token_classes) else 0.0
                 for state, token_classes in zip(states, classes)]
             self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
                                                 free_tokens)
