@@ -6,9 +6,11 @@
 
 Every method gets a fresh engine with identical engine arguments, the same sampling
 (greedy unless --temperature) and the same prompts; with --seeds, once per engine
-seed. Writes a run folder benchmarks/results/<date>-<name>/ (name: --name, default
+seed. The methods take turns on each dataset (and seed and concurrency) before the
+next one starts, so that a machine whose speed drifts over minutes slows them alike.
+Writes a run folder benchmarks/results/<date>-<name>/ (name: --name, default
 <machine>-<model>-<modes>) with command.txt, results.json (all raw numbers, saved
-after every method), then results.md and PNG plots (regenerate them with
+after every measurement), then results.md and PNG plots (regenerate them with
 `python -m benchmarks.report <folder>/results.json`).
 See benchmarks/README.md for what each number means.
 """
@@ -162,21 +164,28 @@ def main(argv: list[str] | None = None) -> Path:
 
     from tqdm import tqdm
 
-    per_method = {mode: sum(c.num_requests for c in datasets.values()) * len(args.seeds)
-                  * (len(args.concurrency) if mode == "server" else 1) for mode in args.mode}
-    with tqdm(total=sum(per_method.values()) * len(selected), unit="req",
-              dynamic_ncols=True) as progress:
-        for mode in args.mode:
-            for name, method in selected.items():
-                progress.set_description(f"{mode} {name}")
+    per_cell = {(mode, name): c.num_requests for mode in args.mode for name, c in datasets.items()}
+    total = sum(per_cell[mode, dataset] for mode, dataset, *_ in
+                measurement_plan(args.mode, selected, datasets, args.seeds, args.concurrency))
+    runs = {(mode, name): _new_run(mode, name, method, model_name)
+            for mode in args.mode for name, method in selected.items()}
+    results["runs"] = list(runs.values())
+    with tqdm(total=total, unit="req", dynamic_ncols=True) as progress:
+        for mode, dataset, seed, concurrency, name in measurement_plan(
+                args.mode, selected, datasets, args.seeds, args.concurrency):
+            run = runs[mode, name]
+            if run["status"] == "ok":
+                progress.set_description(f"{mode} {dataset} {name}")
                 done_before = progress.n
-                run = _run_method(mode, name, method, model_name, model_path, engine_args,
-                                  datasets, args, results["measurements"], progress.update)
-                results["runs"].append(run)
+                _measure(run, selected[name], model_path, engine_args, dataset,
+                         datasets[dataset], seed, concurrency, args, results["measurements"],
+                         progress.update)
                 if run["status"] != "ok":
-                    progress.update(per_method[mode] - (progress.n - done_before))
                     tqdm.write(f"{mode} {name}: {run['status']}: {run['reason']}")
-                _save(results, path)
+                progress.update(max(0, per_cell[mode, dataset] - (progress.n - done_before)))
+            else:
+                progress.update(per_cell[mode, dataset])
+            _save(results, path)
 
     from benchmarks.report import write_report
 
@@ -228,40 +237,57 @@ def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str,
     }
 
 
-def _run_method(mode: str, name: str, method, model_name: str, model_path: str,
-                engine_args: dict, datasets: dict[str, Conversations], args,
-                measurements: list[dict], on_request) -> dict:
-    """Run one method in one mode, appending its measurements; returns its status."""
-    from benchmarks.offline import measure_offline
-    from benchmarks.server import measure_server
+def measurement_plan(modes: list[str], methods: dict, datasets: dict, seeds: list[int],
+                     concurrency: list[int]):
+    """(mode, dataset, seed, concurrency, method) in the order measured: every method in
+    turn on one dataset, seed and concurrency before the next."""
+    for mode in modes:
+        for dataset, seed, level in itertools.product(
+                datasets, seeds, concurrency if mode == "server" else [None]):
+            for name in methods:
+                yield mode, dataset, seed, level, name
 
+
+def _new_run(mode: str, name: str, method, model_name: str) -> dict:
+    """One method's record in one mode: its status and speculative configuration."""
     run = {"method": name, "mode": mode, "status": "ok", "reason": None,
            "speculative_config": None}
     reason = methods_module.unavailable_reason(method, model_name)
     if reason:
         return {**run, "status": "unavailable", "reason": reason}
-    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature,
-                "top_p": args.top_p}
     try:
-        config = run["speculative_config"] = methods_module.speculative_config(method)
-        for dataset, conversations in datasets.items():
-            for seed, concurrency in itertools.product(
-                    args.seeds, args.concurrency if mode == "server" else [None]):
-                seeded = {**engine_args, "seed": seed}
-                if mode == "server":
-                    measurement = measure_server(
-                        model_path, config, seeded, dataset, conversations, sampling,
-                        concurrency, args.request_timeout, args.server_startup_timeout,
-                        on_request)
-                else:
-                    measurement = measure_offline(mode, model_path, config, seeded, dataset,
-                                                  conversations, sampling, on_request)
-                measurements.append({"method": name, "seed": seed,
-                                     "temperature": args.temperature, **measurement})
+        run["speculative_config"] = methods_module.speculative_config(method)
     except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
-        traceback.print_exc()
         return {**run, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
     return run
+
+
+def _measure(run: dict, method, model_path: str, engine_args: dict, dataset: str,
+             conversations: Conversations, seed: int, concurrency: int | None, args,
+             measurements: list[dict], on_request) -> None:
+    """Measure one method on one dataset (fresh engine or server), appending the
+    measurement; a failure marks the method's run failed, and the run goes on."""
+    from benchmarks.offline import measure_offline
+    from benchmarks.server import measure_server
+
+    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                "top_p": args.top_p}
+    seeded = {**engine_args, "seed": seed}
+    config = run["speculative_config"]
+    try:
+        if run["mode"] == "server":
+            measurement = measure_server(
+                model_path, config, seeded, dataset, conversations, sampling, concurrency,
+                args.request_timeout, args.server_startup_timeout, on_request)
+        else:
+            measurement = measure_offline(run["mode"], model_path, config, seeded, dataset,
+                                          conversations, sampling, on_request)
+    except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
+        traceback.print_exc()
+        run.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        return
+    measurements.append({"method": run["method"], "seed": seed,
+                         "temperature": args.temperature, **measurement})
 
 
 def _save(results: dict, path: Path) -> None:

@@ -111,6 +111,24 @@ def test_cli_adds_new_variants_to_the_run():
         _selected_methods(build_parser().parse_args(["--methods", "none,medusa"]))
 
 
+def test_methods_take_turns_on_each_dataset():
+    """A machine whose speed drifts over minutes must slow every method alike: all
+    methods run on one dataset (seed, concurrency) before the next dataset starts."""
+    from benchmarks.run import measurement_plan
+
+    plan = list(measurement_plan(["latency", "server"], {"none": 0, "lookahead": 0},
+                                 {"humaneval": 0, "mt_bench": 0}, [0], [1, 16]))
+    assert plan[:4] == [("latency", "humaneval", 0, None, "none"),
+                        ("latency", "humaneval", 0, None, "lookahead"),
+                        ("latency", "mt_bench", 0, None, "none"),
+                        ("latency", "mt_bench", 0, None, "lookahead")]
+    assert plan[4:8] == [("server", "humaneval", 0, 1, "none"),
+                         ("server", "humaneval", 0, 1, "lookahead"),
+                         ("server", "humaneval", 0, 16, "none"),
+                         ("server", "humaneval", 0, 16, "lookahead")]
+    assert len(plan) == 4 + 8
+
+
 @pytest.mark.parametrize("text, expected", [
     ("20", {"*": 20}), ("20,spec_bench=10", {"*": 20, "spec_bench": 10}),
     ("humaneval=3", {"humaneval": 3})])
