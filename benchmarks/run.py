@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> Path:
 
     from tqdm import tqdm
 
-    per_cell = {(mode, name): c.num_requests for mode in args.mode for name, c in datasets.items()}
-    total = sum(per_cell[mode, dataset] for mode, dataset, *_ in
+    requests = {dataset: c.num_requests for dataset, c in datasets.items()}
+    total = sum(requests[dataset] for _, dataset, *_ in
                 measurement_plan(args.mode, selected, datasets, args.seeds, args.concurrency))
     runs = {(mode, name): _new_run(mode, name, method, model_name)
             for mode in args.mode for name, method in selected.items()}
@@ -177,14 +177,13 @@ def main(argv: list[str] | None = None) -> Path:
             if run["status"] == "ok":
                 progress.set_description(f"{mode} {dataset} {name}")
                 done_before = progress.n
-                _measure(run, selected[name], model_path, engine_args, dataset,
-                         datasets[dataset], seed, concurrency, args, results["measurements"],
-                         progress.update)
+                _measure(run, model_path, engine_args, dataset, datasets[dataset], seed,
+                         concurrency, args, results["measurements"], progress.update)
                 if run["status"] != "ok":
                     tqdm.write(f"{mode} {name}: {run['status']}: {run['reason']}")
-                progress.update(max(0, per_cell[mode, dataset] - (progress.n - done_before)))
+                progress.update(max(0, requests[dataset] - (progress.n - done_before)))
             else:
-                progress.update(per_cell[mode, dataset])
+                progress.update(requests[dataset])
             _save(results, path)
 
     from benchmarks.report import write_report
@@ -262,7 +261,7 @@ def _new_run(mode: str, name: str, method, model_name: str) -> dict:
     return run
 
 
-def _measure(run: dict, method, model_path: str, engine_args: dict, dataset: str,
+def _measure(run: dict, model_path: str, engine_args: dict, dataset: str,
              conversations: Conversations, seed: int, concurrency: int | None, args,
              measurements: list[dict], on_request) -> None:
     """Measure one method on one dataset (fresh engine or server), appending the
