@@ -9,15 +9,13 @@ import numpy as np
 import pytest
 
 from vllm_lookahead.lookahead.budget import (
-    MIN_SAMPLES,
     NUM_SAMPLING_CLASSES,
-    WINDOW,
     AcceptanceByDepth,
-    StepCostModel,
     TreeYield,
     affordable_draft_lengths,
     sampling_class,
 )
+from vllm_lookahead.lookahead.step_cost import MIN_SAMPLES, WINDOW, CostCurve, StepCostModel
 
 
 def test_cost_model_recovers_fixed_and_per_token_cost():
@@ -64,7 +62,12 @@ def test_cost_model_cuts_nothing_when_tokens_look_free(seconds):
         model.add(n, seconds(n))
     assert math.isinf(model.free_tokens())
     assert affordable_draft_lengths(np.array([5, 7]), np.array([0.1, 0.2]), np.ones(8),
-                                    model.free_tokens()).tolist() == [5, 7]
+                                    model.curve()).tolist() == [5, 7]
+
+
+def linear_cost(free_tokens: float) -> CostCurve:
+    """A step costing ``free_tokens`` plus its tokens, in units of one token's cost."""
+    return CostCurve.linear(free_tokens, 1.0)
 
 
 def check_drafts(depth: AcceptanceByDepth, lengths: list[int], matched: list[int]) -> None:
@@ -143,35 +146,85 @@ def test_the_cut_keeps_matched_tokens_deeper_than_pool_guesses():
     matched = depth.survival(np.zeros(8, dtype=np.int64))
     guessed = depth.survival(np.array([0] + [1] * 7))
     kept = affordable_draft_lengths(np.array([8, 8]), np.array([0.9, 0.9]),
-                                    np.stack([matched, guessed]), free_tokens=6.0)
+                                    np.stack([matched, guessed]), linear_cost(6.0))
     assert kept[0] == 8 and kept[1] <= 1
 
 
-def expected_rate(kept, probs, free_tokens):
+def expected_rate(kept, probs, step_cost):
     expected = len(kept) + sum(sum(p[:keep]) for keep, p in zip(kept, probs))
-    return expected / (free_tokens + len(kept) + sum(kept))
+    return expected / float(step_cost(np.array([len(kept) + sum(kept)]))[0])
+
+
+#: Step seconds measured by token count on a 2-core AVX2 CPU (SmolLM2-135M float32,
+#: benchmarks/README.md (bd)): flat from 3 to 5 tokens, steep from 5 to 9.
+AVX2_STEP = CostCurve(np.array([1.0, 2, 3, 5, 9, 17, 25]),
+                      np.array([80.2, 87.1, 92.7, 92.7, 115.5, 129.5, 148.8]) * 1e-3, 2.4e-3)
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_kept_drafts_maximize_expected_tokens_per_cost(seed):
+    """Against every choice of prefixes, under a line and under a measured curve."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, 5, size=rng.integers(1, 5))
     first_rates = rng.uniform(0.05, 0.95, size=len(lengths))
     survival = np.cumprod(np.concatenate(([1.0], rng.uniform(0.2, 1.0, size=4))))
-    free_tokens = float(rng.choice([0.0, 2.0, 10.0, 50.0]))
-    kept = affordable_draft_lengths(lengths, first_rates, survival, free_tokens)
-    assert all(0 <= k <= n for k, n in zip(kept, lengths))
-    probs = [rate * survival[:n] for rate, n in zip(first_rates, lengths)]
-    best = max(expected_rate(choice, probs, free_tokens)
-               for choice in itertools.product(*(range(n + 1) for n in lengths)))
-    assert expected_rate(kept, probs, free_tokens) == pytest.approx(best)
+    for step_cost in (linear_cost(float(rng.choice([0.0, 2.0, 10.0, 50.0]))), AVX2_STEP):
+        kept = affordable_draft_lengths(lengths, first_rates, survival, step_cost)
+        assert all(0 <= k <= n for k, n in zip(kept, lengths))
+        probs = [rate * survival[:n] for rate, n in zip(first_rates, lengths)]
+        best = max(expected_rate(choice, probs, step_cost)
+                   for choice in itertools.product(*(range(n + 1) for n in lengths)))
+        assert expected_rate(kept, probs, step_cost) == pytest.approx(best)
+
+
+def test_the_cut_follows_the_measured_curve_where_a_line_would_not():
+    """A lone request's 8-token draft: a line through the same passes keeps 6 tokens;
+    the curve keeps the 4 before the steep part, or all 8 when they are sure enough."""
+    survival = 0.7 ** np.arange(8)
+    line = CostCurve.linear(77.5e-3, 2.7e-3)
+    assert affordable_draft_lengths(np.array([8]), np.array([0.5]), survival,
+                                    line).tolist() == [6]
+    assert affordable_draft_lengths(np.array([8]), np.array([0.5]), survival,
+                                    AVX2_STEP).tolist() == [4]
+    assert affordable_draft_lengths(np.array([8]), np.array([0.95]), 0.97 ** np.arange(8),
+                                    AVX2_STEP).tolist() == [8]
+
+
+def test_the_cost_curve_follows_each_token_counts_quiet_time():
+    """Steps of a CPU whose time jumps between 5 and 9 tokens, 30 % of them slowed by
+    other work; the curve is non-decreasing, near each count's time, and continued past
+    the counts timed by the start-up measurement's rises."""
+    rng = np.random.default_rng(0)
+    truth = AVX2_STEP
+    model = StepCostModel()
+    model.set_prior(0.070, 0.0027, tuple(truth.tokens), tuple(truth.seconds - 0.010))
+    start_up = model.curve()  # until the steps are timed
+    assert start_up(truth.tokens) == pytest.approx(truth.seconds - 0.010)
+    for _ in range(WINDOW):
+        n = int(rng.choice([1, 2, 3, 4, 5, 6, 7, 9]))
+        slowdown = rng.uniform(1.5, 4.0) if rng.random() < 0.3 else 1.0
+        model.add(n, float(truth(np.array([n]))[0]) * slowdown * rng.lognormal(0, 0.03))
+    curve = model.curve()
+    assert np.all(np.diff(curve.seconds) >= 0)
+    counts = np.arange(1, 10)
+    assert curve(counts) == pytest.approx(truth(counts), rel=0.05)
+    # past 9 tokens: the timed 9 plus the start-up rises, not the line's slope
+    assert curve(np.array([17, 40])) == pytest.approx(truth(np.array([17, 40])), rel=0.05)
+
+
+def test_the_cost_curve_pools_a_count_that_looks_cheaper_than_fewer_tokens():
+    model = StepCostModel()
+    for _ in range(MIN_SAMPLES):
+        for n, seconds in ((1, 0.080), (2, 0.090), (3, 0.085), (4, 0.100)):
+            model.add(n, seconds)
+    assert model.curve()(np.arange(1, 5)) == pytest.approx([0.080, 0.0875, 0.0875, 0.100])
 
 
 def test_load_cuts_drafts_and_confident_requests_keep_more():
     lengths, rates = np.full(32, 8), np.where(np.arange(32) < 16, 0.9, 0.4)
     survival = 0.8 ** np.arange(8)
-    alone = affordable_draft_lengths(lengths[:1], rates[:1], survival, free_tokens=20.0)
-    loaded = affordable_draft_lengths(lengths, rates, survival, free_tokens=20.0)
+    alone = affordable_draft_lengths(lengths[:1], rates[:1], survival, linear_cost(20.0))
+    loaded = affordable_draft_lengths(lengths, rates, survival, linear_cost(20.0))
     assert alone.tolist() == [8]
     assert loaded[:16].min() > loaded[16:].max()
     assert loaded.sum() < lengths.sum() / 2
@@ -204,7 +257,7 @@ def test_sampling_classes_part_greedy_temperatures_and_top_p():
 def test_each_request_is_cut_by_its_own_classes_acceptance_by_depth():
     lengths, rates = np.array([8, 8]), np.array([0.9, 0.9])
     survival = np.stack([0.95 ** np.arange(8), 0.5 ** np.arange(8)])  # greedy, sampled
-    kept = affordable_draft_lengths(lengths, rates, survival, free_tokens=6.0)
-    shared = affordable_draft_lengths(lengths, rates, survival[0], free_tokens=6.0)
+    kept = affordable_draft_lengths(lengths, rates, survival, linear_cost(6.0))
+    shared = affordable_draft_lengths(lengths, rates, survival[0], linear_cost(6.0))
     assert kept[0] > kept[1]
     assert shared[0] == shared[1]

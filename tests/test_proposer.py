@@ -11,7 +11,6 @@ import pytest
 import torch
 from conftest import fake_vllm_config
 
-from vllm_lookahead.lookahead.budget import MIN_SAMPLES
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.proposer import LookaheadProposer
 from vllm_lookahead.lookahead.sources.context import suffix_match
@@ -31,6 +30,7 @@ from vllm_lookahead.lookahead.sources.support import (
     support_bin,
 )
 from vllm_lookahead.lookahead.state import DRAFT_LIMIT_MARGIN, RequestState
+from vllm_lookahead.lookahead.step_cost import MIN_SAMPLES
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 from vllm_lookahead.worker.start_cost import StartCost
 from vllm_lookahead.worker.runner import is_decode_only
@@ -382,17 +382,23 @@ def test_rejected_corpus_drafts_shorten_the_next_ones():
     assert drafts[-1] == [42, 43, 44]
 
 
-@pytest.mark.parametrize("measured", [StartCost(0.030, 0.001),
-                                      StartCost(math.nan, math.nan, "too few free blocks")])
+@pytest.mark.parametrize("measured", [
+    StartCost(0.030, 0.001),
+    StartCost(0.030, 0.001, sizes=(1, 5, 33), size_seconds=(0.030, 0.031, 0.062)),
+    StartCost(math.nan, math.nan, "too few free blocks")])
 def test_the_start_up_measurement_sets_the_cut_until_steps_are_timed(measured):
     proposer, _ = make_proposer(trees="auto", tree_candidates=4)
-    assert proposer._step_budget() is None  # no estimate: nothing is cut
+    assert proposer._step_budget() == (None, None)  # no estimate: nothing is cut
     proposer.on_start_cost(measured)
     assert not proposer.trees_on  # 29 free tokens (or none measured): below 150
+    free_tokens, step_cost = proposer._step_budget()
     if measured.reason:
-        assert proposer._step_budget() is None
-    else:
-        assert proposer._step_budget() == pytest.approx(29.0)
+        assert free_tokens is None and step_cost is None
+        return
+    assert free_tokens == pytest.approx(29.0)
+    line = [0.030 + 0.001 * (n - 1) for n in (1, 5, 33)]
+    sized = measured.size_seconds or line
+    assert step_cost(np.array([1, 5, 33])) == pytest.approx(sized)
 
 
 def test_draft_prefers_context_match():

@@ -24,7 +24,7 @@ def _cheap_tokens_on_first_rank(worker) -> None:
     real clock: only the broadcast budget makes their decisions equal."""
     import torch
 
-    from vllm_lookahead.lookahead.budget import MIN_SAMPLES
+    from vllm_lookahead.lookahead.step_cost import MIN_SAMPLES
 
     if torch.distributed.get_rank() != 0:
         return

@@ -3,10 +3,10 @@
 Every draft token is computed by the target. At batch size 1 a forward pass costs
 nearly the same for 1 or 20 tokens, so a draft token that is rarely accepted is
 still worth proposing; with 32 requests in the batch the pass is compute-bound and
-every token adds to its time. The proposer therefore fits the step time against its
-token count online (``StepCostModel``: t = a + b n over recent passes) and keeps a
-draft token only while it raises the expected tokens per second of the whole step
-(``affordable_draft_lengths``).
+every token adds to its time. The proposer therefore measures the step time by its
+token count online (``step_cost.py``), estimates each draft token's acceptance from
+what verification accepted (``AcceptanceByDepth``), and keeps the draft tokens that
+raise the expected tokens per second of the whole step (``affordable_draft_lengths``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,8 @@ from typing import Any
 import numba
 import numpy as np
 
-#: Passes timed before the fit is trusted; until then no draft is cut.
-MIN_SAMPLES = 32
-#: Recent passes the fit uses (older ones are overwritten).
-WINDOW = 512
-#: Passes between two fits.
-REFIT_INTERVAL = 16
-#: The quantile of a token count's pass times that the fit uses (the quiet passes).
-QUIET_QUANTILE = 0.25
+from vllm_lookahead.lookahead.step_cost import CostCurve
+
 #: Pseudo-verifications behind each acceptance-by-depth estimate.
 PRIOR_WEIGHT = 2.0
 #: Per-step decay of the worker-wide acceptance and tree-yield counts (about the last
@@ -60,86 +54,6 @@ def sampling_class(params: Any) -> int:
         return 0
     by_temperature = bisect.bisect_left(TEMPERATURE_EDGES, temperature)
     return 1 + 2 * by_temperature + int(getattr(params, "top_p", 1.0) > TOP_P_EDGE)
-
-
-class StepCostModel:
-    """Fit of a forward pass's seconds against its scheduled tokens, robust to passes
-    that something else on the machine slowed down."""
-
-    def __init__(self, window: int = WINDOW):
-        self._tokens = np.zeros(window)
-        self._seconds = np.zeros(window)
-        self._count = 0
-        self._fitted_at = 0
-        self._prior = (math.nan, math.nan)  # (fixed, per token) measured at start-up
-        #: the last fit, t = fixed_seconds + token_seconds * n, or where there is none
-        #: (yet) the start-up measurement (nan: neither)
-        self.fixed_seconds = math.nan
-        self.token_seconds = math.nan
-
-    def add(self, num_tokens: int, seconds: float) -> None:
-        slot = self._count % len(self._tokens)
-        self._tokens[slot] = num_tokens
-        self._seconds[slot] = seconds
-        self._count += 1
-
-    def set_prior(self, fixed_seconds: float, token_seconds: float) -> None:
-        """A measurement taken at start-up (the target's passes alone, so a lower
-        fixed cost than a whole step's) stands in for the fit until ``MIN_SAMPLES``
-        passes were timed, and wherever the passes' token counts are too alike to fit:
-        without it, the first passes of a server that starts under load verify every
-        draft token uncut."""
-        self._prior = self.fixed_seconds, self.token_seconds = fixed_seconds, token_seconds
-
-    @property
-    def has_estimate(self) -> bool:
-        """Enough passes were timed for a fit, or a start-up measurement stands in
-        (``free_tokens`` may still be infinite)."""
-        return self._count >= MIN_SAMPLES or not math.isnan(self._prior[1])
-
-    def free_tokens(self) -> float:
-        """a / b: the pass's fixed cost in units of one token's marginal cost.
-
-        Infinite (no cut) until ``MIN_SAMPLES`` passes were timed (unless a start-up
-        measurement stands in), when the token counts did not vary, or when the fitted
-        marginal cost is not positive. Refitted every ``REFIT_INTERVAL`` passes.
-        """
-        crossed_minimum = self._fitted_at < MIN_SAMPLES <= self._count
-        due = crossed_minimum or self._count - self._fitted_at >= REFIT_INTERVAL
-        if self._count >= MIN_SAMPLES and due:
-            self._refit()
-            self._fitted_at = self._count
-        if not self.token_seconds > 0:  # nan or not positive
-            return math.inf
-        return max(self.fixed_seconds, 0.0) / self.token_seconds
-
-    def _refit(self) -> None:
-        """Weighted least squares over each token count's lower quartile of times.
-
-        Another process on the machine only ever slows a pass down, and a few slow
-        passes at a rare, long token count would tilt a plain fit; a low quantile per
-        count ignores them, and scaling every time alike leaves a / b unchanged.
-        """
-        self.fixed_seconds, self.token_seconds = self._prior
-        if self._count < MIN_SAMPLES:
-            return
-        n = self._tokens[: self._count]
-        t = self._seconds[: self._count]
-        order = np.lexsort((t, n))
-        counts_sorted = n[order]
-        values, first, weights = np.unique(counts_sorted, return_index=True,
-                                           return_counts=True)
-        quantile = t[order][first + ((weights - 1) * QUIET_QUANTILE).astype(np.int64)]
-        mean_n = np.average(values, weights=weights)
-        variance = np.average((values - mean_n) ** 2, weights=weights)
-        if variance < 1e-9:
-            return
-        mean_t = np.average(quantile, weights=weights)
-        slope = np.average((values - mean_n) * (quantile - mean_t), weights=weights) / variance
-        # plain floats: they travel in ProposerStats through vLLM's RPC encoder, whose
-        # decoder does not rebuild numpy scalars
-        self.token_seconds = float(slope)
-        self.fixed_seconds = float(mean_t - slope * mean_n)
 
 
 class AcceptanceByDepth:
@@ -292,23 +206,21 @@ class TreeYield:
 
 
 def affordable_draft_lengths(
-    lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, free_tokens: float
+    lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, step_cost: CostCurve
 ) -> np.ndarray:
     """How many leading tokens of each request's draft to keep.
 
     Request r's j-th draft token is accepted with probability
     ``first_rates[r] * survival[r, j-1]`` (its own recent first-token acceptance, and
     the worker's acceptance by depth for its sampling class; one ``survival`` row
-    serves all requests). Tokens are taken in order of that probability while
-    each one raises the step's expected tokens per unit of cost: with E expected tokens
-    (one per request, plus the kept tokens' probabilities) at cost C = ``free_tokens``
-    + requests + kept tokens, a token of probability p is kept iff p >= E / C.
-    Probabilities do not rise along a draft, so every request keeps a prefix, and the
-    kept set is a prefix of the ordering.
+    serves all requests). Keeping k tokens, the best k are the most probable ones (a
+    prefix of each draft: probabilities do not rise along a draft); the step then
+    yields E(k) = requests + their probabilities' sum in ``step_cost(requests + k)``,
+    and the k with the most expected tokens per second is kept (the largest on a tie).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
-    if total == 0 or math.isinf(free_tokens):
+    if total == 0:
         return lengths
     num_requests = len(lengths)
     survival = np.asarray(survival, dtype=np.float64)
@@ -318,22 +230,23 @@ def affordable_draft_lengths(
     position = np.arange(total) - np.repeat(starts, lengths)
     prob = np.asarray(first_rates, dtype=np.float64)[owner] * survival[owner, position]
     order = np.argsort(-prob, kind="stable")
-    prob = prob[order]
-    expected_before = num_requests + np.concatenate(([0.0], np.cumsum(prob)[:-1]))
-    cost_before = free_tokens + num_requests + np.arange(total)
-    pays = prob * cost_before >= expected_before
-    kept = total if pays.all() else int(np.argmin(pays))
+    expected = num_requests + np.concatenate(([0.0], np.cumsum(prob[order])))
+    seconds = step_cost(num_requests + np.arange(total + 1))
+    if not seconds[-1] > seconds[0]:  # the tokens look free: keep them all
+        return lengths
+    rate = expected / np.maximum(seconds, 1e-12)
+    kept = int(np.flatnonzero(rate >= rate.max() * (1 - 1e-12))[-1])
     return np.bincount(owner[order[:kept]], minlength=num_requests)
 
 
 def cut_to_budget(drafts: list[list[int]], first_rates: list[float], survival: np.ndarray,
-                  free_tokens: float | None) -> int:
+                  step_cost: CostCurve | None) -> int:
     """Shorten drafts (in place) to the tokens the step's compute affords; returns the
-    tokens cut (none before the cost model has samples)."""
-    if free_tokens is None or math.isinf(free_tokens):
+    tokens cut (none before the cost model has a curve)."""
+    if step_cost is None:
         return 0
     lengths = np.array([len(draft) for draft in drafts])
-    kept = affordable_draft_lengths(lengths, np.array(first_rates), survival, free_tokens)
+    kept = affordable_draft_lengths(lengths, np.array(first_rates), survival, step_cost)
     cut = 0
     for draft, keep in zip(drafts, kept.tolist()):
         cut += len(draft) - keep

@@ -28,7 +28,6 @@ from vllm_lookahead.lookahead import feedback, trees
 from vllm_lookahead.lookahead.budget import (
     NUM_SAMPLING_CLASSES,
     AcceptanceByDepth,
-    StepCostModel,
     TreeYield,
     cut_to_budget,
     survival_along,
@@ -37,6 +36,7 @@ from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.drafts import NUM_TOKEN_CLASSES, Draft, DraftSources
 from vllm_lookahead.lookahead.sources.support import SUPPORT_BINS
 from vllm_lookahead.lookahead.state import RequestState, RequestStates
+from vllm_lookahead.lookahead.step_cost import CostCurve, StepCostModel
 from vllm_lookahead.metrics import (
     ACCEPTED_SOURCES,
     DRAFT_SOURCES,
@@ -153,7 +153,8 @@ class LookaheadProposer:
         on only where enough tokens are free, and the cost-aware cut starts from it."""
         free = cost.free_tokens
         if not cost.reason and cost.token_seconds > 0:
-            self.cost_model.set_prior(cost.fixed_seconds, cost.token_seconds)
+            self.cost_model.set_prior(cost.fixed_seconds, cost.token_seconds, cost.sizes,
+                                      cost.size_seconds)
         self._stats.start_free_tokens = free
         wanted = self.options.tree_free_tokens
         verdict = "on, if the self-check passes" if free >= wanted else "off, drafts are linear"
@@ -336,7 +337,7 @@ class LookaheadProposer:
         np.minimum(limits, [state.draft_limit for state in states], out=limits)
         main = self._sources.draft(rows, row_req_ids, states, token_ids_cpu, num_tokens,
                                    limits)
-        free_tokens = self._step_budget()
+        free_tokens, step_cost = self._step_budget()
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
             classes = [draft.token_classes() for draft in main]
@@ -347,7 +348,7 @@ class LookaheadProposer:
                 if len(token_classes) else 0.0
                 for state, token_classes in zip(states, classes)]
             self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
-                                                free_tokens)
+                                                step_cost)
             for b, state in enumerate(states):
                 state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
                                         len(main[b].tokens), state.max_draft,
@@ -369,7 +370,7 @@ class LookaheadProposer:
         return drafts
 
     def _cut(self, main: list[Draft], classes: list[np.ndarray], first_estimates: list[float],
-             states: list[RequestState], free_tokens: float | None) -> int:
+             states: list[RequestState], step_cost: CostCurve | None) -> int:
         """Cut the main drafts to the step's budget. Each token's acceptance is
         estimated by calibration class (its source and support bin): the first token's
         by the worker's ``first_estimates`` scaled by its request's own record, the
@@ -384,17 +385,19 @@ class LookaheadProposer:
         first_rates = [state.first_token_rate(estimate)
                        for state, estimate in zip(states, first_estimates)]
         return cut_to_budget([draft.tokens for draft in main], first_rates, survival,
-                             free_tokens)
+                             step_cost)
 
-    def _step_budget(self) -> float | None:
-        """Tokens the step affords for free (``cost_aware_drafts``; None before the cost
-        model has samples), as the first tensor-parallel rank timed it: every rank then
-        drafts the same trees, and its attention splits the same branches."""
+    def _step_budget(self) -> tuple[float | None, CostCurve | None]:
+        """Tokens the step affords for free, by the line (for trees), and the step's
+        cost curve (for the cut), as the first tensor-parallel rank timed them: every
+        rank then drafts the same tokens and trees, and its attention splits the same
+        branches. Without ``cost_aware_drafts``: infinite, no curve; before the cost
+        model has samples: None, no curve."""
         if not self.options.cost_aware_drafts:
-            return math.inf
+            return math.inf, None
         model = self.cost_model
         return runner_state.broadcast_from_first_tp_rank(
-            model.free_tokens() if model.has_estimate else None)
+            (model.free_tokens(), model.curve()) if model.has_estimate else (None, None))
 
     def _count_by_source(self, draft: Draft, count: int, fields: dict[str, str]) -> None:
         """Add the draft's first ``count`` tokens to the stats ``fields`` of their sources."""

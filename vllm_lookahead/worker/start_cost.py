@@ -4,10 +4,13 @@ start-up, for trees ``auto`` (``tree_step.check_at_start``).
 Trees pay where extra tokens in a pass are nearly free: a GPU at small batch computes
 a pass of 30 tokens in about the time of one, a small CPU takes a few percent more per
 token. Before the first request, each worker times forward passes of the target with
-one query token and with ``EXTRA_TOKENS`` more, through the serving model, metadata
-builders, kernels and dtype (eager, as tree steps run), in KV blocks no request holds
-yet; the first tensor-parallel rank's numbers decide for all ranks. The online cost
-model (``lookahead/budget.py``) then keeps deciding per step, under load too.
+``SIZES`` query tokens, through the serving model, metadata builders, kernels and dtype
+(eager, as tree steps run), in KV blocks no request holds yet; the first
+tensor-parallel rank's numbers decide for all ranks. Trees ``auto`` read the cost of
+one token against ``1 + EXTRA_TOKENS``; the cost-aware cut starts from the curve
+through all sizes (not a line: on a 2-core AVX2 CPU 3 and 5 tokens cost alike, 9 a
+quarter more) and the online cost model (``lookahead/budget.py``) then keeps deciding
+per step, under load too.
 
 | vLLM attribute | use | why | verified on |
 |---|---|---|---|
@@ -30,17 +33,22 @@ from vllm_lookahead.worker import runner as runner_state
 from vllm_lookahead.worker import tree_check
 from vllm_lookahead.worker.scratch import kv_block_size
 
-#: Query tokens the longer pass adds (about a tree's nodes).
+#: Query tokens the longest pass adds (about a tree's nodes).
 EXTRA_TOKENS = 32
-#: Timed pairs of passes (after one untimed pair); the medians count.
-REPEATS = 5
+#: Query tokens of the passes timed (powers of two apart, past a draft's first few).
+SIZES = (1, 2, 3, 5, 9, 17, 1 + EXTRA_TOKENS)
+#: Timed rounds of passes, each size once a round (after one untimed round); the
+#: medians count.
+REPEATS = 3
 
 
 @dataclass(frozen=True)
 class StartCost:
     pass_seconds: float  # a pass of one query token (nan: not measured)
-    token_seconds: float  # each query token more
+    token_seconds: float  # each query token more, on average up to 1 + EXTRA_TOKENS
     reason: str = ""  # why it could not be measured
+    sizes: tuple[int, ...] = ()  # query tokens of the passes timed
+    size_seconds: tuple[float, ...] = ()  # their median times
 
     @property
     def fixed_seconds(self) -> float:
@@ -77,7 +85,7 @@ def measure(runner: Any) -> StartCost:
 
 def _timed_passes(runner: Any) -> StartCost:
     block_size = kv_block_size(runner)
-    longest = 1 + EXTRA_TOKENS
+    longest = SIZES[-1]
     blocks = tree_check.free_blocks(runner)[: -(-longest // block_size)]
     if len(blocks) * block_size < longest or runner.max_model_len < longest:
         raise tree_check.CannotRun("the KV cache has too few free blocks")
@@ -94,11 +102,13 @@ def _timed_passes(runner: Any) -> StartCost:
         _synchronize(runner.device)
         return time.perf_counter() - start
 
-    seconds(1), seconds(longest)  # warm-up
-    pairs = [(seconds(1), seconds(longest)) for _ in range(REPEATS)]
-    one = statistics.median(short for short, _ in pairs)
-    extra = statistics.median(long - short for short, long in pairs) / EXTRA_TOKENS
-    return StartCost(pass_seconds=one, token_seconds=extra)
+    for size in SIZES:  # warm-up: kernels are chosen, and compiled, by shape
+        seconds(size)
+    rounds = np.array([[seconds(size) for size in SIZES] for _ in range(REPEATS)])
+    medians = np.median(rounds, axis=0)
+    extra = statistics.median(rounds[:, -1] - rounds[:, 0]) / EXTRA_TOKENS
+    return StartCost(pass_seconds=float(medians[0]), token_seconds=float(extra),
+                     sizes=SIZES, size_seconds=tuple(medians.tolist()))
 
 
 def _synchronize(device: torch.device) -> None:
