@@ -102,7 +102,7 @@ def test_sparse_deep_positions_do_not_vanish():
 def test_acceptance_is_kept_per_source_of_each_draft_token():
     """Drafts of a matched span (source 0) continued from the pool (source 1): the
     span's tokens are confirmed, the pool's are not; each source has its own rates."""
-    depth = AcceptanceByDepth(max_depth=6, num_sources=2, decay=1.0)
+    depth = AcceptanceByDepth(max_depth=6, num_classes=2, decay=1.0)
     sources = np.array([0, 0, 0, 1, 1, 1])
     for _ in range(20):
         depth.add(0, 4, 3, sources)  # three matched tokens right, the first pool token wrong
@@ -123,7 +123,7 @@ def test_a_class_is_calibrated_within_its_sources_group():
     """Two groups (sources) of two classes (support bins): in the first, tokens every
     occurrence agreed on are right and tokens seen once are wrong; a class never seen
     takes its group's rate, not the prior's."""
-    depth = AcceptanceByDepth(max_depth=4, num_sources=4, decay=1.0, group_size=2)
+    depth = AcceptanceByDepth(max_depth=4, num_classes=4, decay=1.0, group_size=2)
     for _ in range(30):
         depth.add(0, 2, 2, np.array([0, 0, 0, 0]))  # unanimous: right at 1 and 2
         depth.add(0, 1, 0, np.array([1, 1, 1, 1]))  # seen once: wrong at once
@@ -135,11 +135,11 @@ def test_a_class_is_calibrated_within_its_sources_group():
     rates = depth.conditional_rates()
     assert rates[0, 1] > 0.9 and rates[0, 1] > rates[1, 1]
     with pytest.raises(ValueError, match="groups of 2"):
-        AcceptanceByDepth(max_depth=4, num_sources=3, group_size=2)
+        AcceptanceByDepth(max_depth=4, num_classes=3, group_size=2)
 
 
 def test_the_cut_keeps_matched_tokens_deeper_than_pool_guesses():
-    depth = AcceptanceByDepth(max_depth=8, num_sources=2, decay=1.0)
+    depth = AcceptanceByDepth(max_depth=8, num_classes=2, decay=1.0)
     for _ in range(30):
         depth.add(0, 8, 8, np.zeros(8, dtype=np.int64))  # matched spans: right
         depth.add(0, 2, 1, np.array([0] + [1] * 7))  # pool tokens: wrong

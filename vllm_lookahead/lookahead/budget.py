@@ -71,14 +71,14 @@ class AcceptanceByDepth:
     rarely is smoothed towards its group's rate, the group towards the prior.
     """
 
-    def __init__(self, max_depth: int, num_sources: int = 1, decay: float = WORKER_DECAY,
+    def __init__(self, max_depth: int, num_classes: int = 1, decay: float = WORKER_DECAY,
                  group_size: int = 1):
-        if num_sources % group_size:
-            raise ValueError(f"{num_sources} classes do not split into groups of {group_size}")
+        if num_classes % group_size:
+            raise ValueError(f"{num_classes} classes do not split into groups of {group_size}")
         # drafts checked at position j whose token there was of class s, and those
         # right there
-        self._reached = np.zeros((num_sources, max_depth))
-        self._accepted = np.zeros((num_sources, max_depth))
+        self._reached = np.zeros((num_classes, max_depth))
+        self._accepted = np.zeros((num_classes, max_depth))
         self._decay = decay
         self._group_size = group_size
 
@@ -88,23 +88,23 @@ class AcceptanceByDepth:
         self._accepted *= self._decay
 
     def add(self, first: int, compared: int, confirmed: int,
-            sources: np.ndarray | None = None) -> None:
+            classes: np.ndarray | None = None) -> None:
         """Draft positions ``[first, first + compared)`` were checked against the text
-        that followed, and the first ``confirmed`` of them were right; ``sources``: the
-        source of each of the draft's tokens (all source 0 if None)."""
+        that followed, and the first ``confirmed`` of them were right; ``classes``: the
+        class of each of the draft's tokens (all class 0 if None)."""
         checked = np.arange(first, first + compared)
-        rows = np.zeros(compared, dtype=np.int64) if sources is None else sources[checked]
+        rows = np.zeros(compared, dtype=np.int64) if classes is None else classes[checked]
         np.add.at(self._reached, (rows, checked), 1)
         np.add.at(self._accepted, (rows[:confirmed], checked[:confirmed]), 1)
 
-    def first_token_rate(self, source: int | None = None) -> float:
-        """Acceptance of first draft tokens (of class ``source``, or of any): what each
-        request's own record scales (smoothed towards its group's rate, the group's
+    def first_token_rate(self, token_class: int | None = None) -> float:
+        """Acceptance of first draft tokens (of class ``token_class``, or of any): what
+        each request's own record scales (smoothed towards its group's rate, the group's
         towards ``PRIOR_FIRST_RATE``)."""
-        if source is None:
+        if token_class is None:
             return _smoothed(self._accepted[:, 0].sum(), self._reached[:, 0].sum(),
                              PRIOR_FIRST_RATE)
-        return float(self.first_token_rates()[source])
+        return float(self.first_token_rates()[token_class])
 
     def first_token_rates(self) -> np.ndarray:
         """``first_token_rate`` of every class (once a step, for the whole batch)."""
@@ -125,12 +125,12 @@ class AcceptanceByDepth:
         return _grouped_depth_rates(self._accepted, self._reached, self._group_size,
                                     PRIOR_DEPTH_RATE, PRIOR_WEIGHT)
 
-    def survival(self, sources: np.ndarray | None = None) -> np.ndarray:
+    def survival(self, classes: np.ndarray | None = None) -> np.ndarray:
         """P(token j accepted | token 1 accepted) at index j-1, for a draft whose tokens
-        came from ``sources`` (source 0 throughout, all positions, if None)."""
+        are of ``classes`` (class 0 throughout, all positions, if None)."""
         rates = self.conditional_rates()
         return survival_along(rates, np.zeros(rates.shape[1], dtype=np.int64)
-                              if sources is None else sources)
+                              if classes is None else classes)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -158,10 +158,10 @@ def _smoothed(accepted, reached, prior):
     return (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
 
 
-def survival_along(rates: np.ndarray, sources: np.ndarray) -> np.ndarray:
+def survival_along(rates: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """``AcceptanceByDepth.survival`` from its ``conditional_rates`` (computed once a
     step, for every draft of the sampling class)."""
-    return np.cumprod(rates[sources, np.arange(len(sources))])
+    return np.cumprod(rates[classes, np.arange(len(classes))])
 
 
 class TreeYield:
