@@ -154,8 +154,8 @@ class StepCostModel:
             # whose decoder does not rebuild numpy scalars
             self.token_seconds = float(slope)
             self.fixed_seconds = float(mean_t - slope * mean_n)
-        slope = self.token_seconds if self.token_seconds > 0 else 0.0  # nan: not > 0
-        curve = CostCurve(values, _non_decreasing(quantile, weights), slope)
+        beyond_slope = self.token_seconds if self.token_seconds > 0 else 0.0  # nan: not > 0
+        curve = CostCurve(values, _non_decreasing(quantile, weights), beyond_slope)
         self._curve = curve if self._prior_curve is None else curve.extended_by(
             self._prior_curve)
 

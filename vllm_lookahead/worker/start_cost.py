@@ -9,7 +9,7 @@ token. Before the first request, each worker times forward passes of the target 
 tensor-parallel rank's numbers decide for all ranks. Trees ``auto`` read the cost of
 one token against ``1 + EXTRA_TOKENS``; the cost-aware cut starts from the curve
 through all sizes (not a line: on a 2-core AVX2 CPU 3 and 5 tokens cost alike, 9 a
-quarter more) and the online cost model (``lookahead/budget.py``) then keeps deciding
+quarter more) and the online cost model (``lookahead/step_cost.py``) then keeps deciding
 per step, under load too.
 
 | vLLM attribute | use | why | verified on |
