@@ -23,6 +23,11 @@
 #   load     the same through the OpenAI server at concurrency 16
 #   batch64  offline, 64 HumanEval prompts at once: throughput and the proposer's share of
 #            the step at batch 64 (batch 1's share is in the latency table)
+# PROMPTS and TOKENS (GPU: 10 and 256) size the harness steps' prompt sets and outputs.
+# PYTEST_WORKERS=N runs the pytest steps' files in N processes at once (pytest-xdist, one
+# file per process, each engine taking LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION of the GPU,
+# default 0.08). ARCTIC_SDIST=PATH (arctic-inference 0.1.1's sdist, which has no cp312
+# wheel) makes the env step build its suffix tree module for vLLM's `suffix` method.
 # Every step appends its command, exit status and time to DIR/summary.md; pytest logs go
 # into DIR, and each harness step makes its run folder there (DIR/DATE-MACHINE-MODEL-MODE/:
 # results.json, results.md, PNG plots, command.txt). Steps may run in separate calls
@@ -56,9 +61,10 @@ else
   [ -f /tmp/gpu-stage/env.sh ] && source /tmp/gpu-stage/env.sh
   python=${PYTHON:-python3}
   model=${model:-/tmp/models/SmolLM2-135M-Instruct}
-  prompts=10 tokens=256 concurrency=16 batch=64 kv_bytes=$((8 << 30))
+  prompts=${PROMPTS:-10} tokens=${TOKENS:-256} concurrency=16 batch=64 kv_bytes=$((8 << 30))
   engine_args='{"enforce_eager": false}'
-  results=${results:-benchmarks/results/h100-validate-$(date +%F)}
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | awk 'NR==1 {print tolower($2)}')
+  results=${results:-benchmarks/results/${gpu:-gpu}-validate-$(date +%F)}
 fi
 mkdir -p "$results"
 summary=$results/summary.md
@@ -66,6 +72,11 @@ summary=$results/summary.md
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
 methods=${METHODS:-none,ngram,suffix,lookahead}
 failed=0
+parallel=()
+if [ "${PYTEST_WORKERS:-1}" -gt 1 ]; then
+  parallel=(-n "$PYTEST_WORKERS" --dist loadfile)
+  export LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION=${LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION:-0.08}
+fi
 
 # run STEP ASSERTED COMMAND...: runs it, logs to DIR/STEP.log, records the outcome.
 run() {
@@ -102,6 +113,14 @@ for step in "${steps[@]}"; do
         site=${SITE_DIR:-/tmp/site}
         run install yes "$python" -m pip install --no-deps --no-index --no-build-isolation \
           --upgrade --target "$site" .
+        [ -z "${ARCTIC_SDIST:-}" ] || run suffix-build no bash -c '
+          set -e; src=$(mktemp -d); tar xzf "$1" -C "$src" --strip-components=1
+          cmake -S "$src/csrc/suffix_decoding" -B "$src/build" -DPython_EXECUTABLE="$2"
+          cmake --build "$src/build" -j 16
+          rm -rf "$3/arctic_inference"; cp -r "$src/arctic_inference" "$3/"
+          cp "$src"/build/_C*.so "$3/arctic_inference/suffix_decoding/"
+          "$2" -c "from arctic_inference.suffix_decoding import SuffixDecodingCache"' \
+          _ "$ARCTIC_SDIST" "$(command -v "$python")" "$site"
       fi
       run env yes "$python" -m benchmarks.machine
       missing=$(missing_modules pytest scipy matplotlib ray openai requests)
@@ -109,15 +128,15 @@ for step in "${steps[@]}"; do
         | tee -a "$results/env.log" >&2
       ;;
     greedy)
-      run greedy-fp32 yes "$python" -m pytest -q -k "not tree" --junitxml "$results/greedy-fp32.xml" \
+      run greedy-fp32 yes "$python" -m pytest -q "${parallel[@]}" -k "not tree" --junitxml "$results/greedy-fp32.xml" \
         tests/test_greedy_exact.py tests/test_greedy_qwen2.py tests/test_sampling.py
       ;;
     greedy-bf16)
-      LOOKAHEAD_TEST_DTYPE=bfloat16 run greedy-bf16 no "$python" -m pytest -q -k "not tree" \
+      LOOKAHEAD_TEST_DTYPE=bfloat16 run greedy-bf16 no "$python" -m pytest -q "${parallel[@]}" -k "not tree" \
         --junitxml "$results/greedy-bf16.xml" tests/test_greedy_exact.py tests/test_greedy_qwen2.py
       ;;
     trees)
-      run trees yes "$python" -m pytest -q -rs --junitxml "$results/trees.xml" \
+      run trees yes "$python" -m pytest -q -rs "${parallel[@]}" --junitxml "$results/trees.xml" \
         tests/test_tree_check.py tests/test_tree_graph_mode.py tests/test_tree.py
       ;;
     server)

@@ -30,9 +30,12 @@ TREE = {**LOOKAHEAD, "num_speculative_tokens": 12, "trees": "on", "tree_candidat
 #: fraction of node memory minus the worker's RSS, which is not predictable).
 #: LOOKAHEAD_TEST_DTYPE=bfloat16 is scripts/gpu_validate.sh's informational bf16 run:
 #: a k-token verification pass and k one-token passes need not round alike in bf16.
+#: LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION lets several test processes share one GPU
+#: (pytest -n): vLLM refuses to start unless that share of the device is free.
 ENGINE_KWARGS = dict(
     enforce_eager=True,
     dtype=os.environ.get("LOOKAHEAD_TEST_DTYPE", "float32"),
+    gpu_memory_utilization=float(os.environ.get("LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION", 0.9)),
     max_model_len=1024,
     kv_cache_memory_bytes=64 * 2**20,
     seed=0,
