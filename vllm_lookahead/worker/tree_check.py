@@ -60,11 +60,13 @@ class TreeCheck:
     max_difference: float  # relative (``largest_difference``); inf if it could not run
     tolerance: float
     reason: str = ""  # why the check could not run
+    where: str = ""  # which comparison differed most (this rank's)
 
     def describe(self) -> str:
         verdict = "passed" if self.passed else "failed"
         found = self.reason or (f"largest difference {self.max_difference:.2g} against "
-                                f"linear decoding (tolerance {self.tolerance:.2g})")
+                                f"linear decoding (tolerance {self.tolerance:.2g}), "
+                                f"{self.where}")
         return (f"tree step self-check on {self.backend} ({self.dtype}, graph mode "
                 f"{GRAPH_MODE}): {verdict}, {found}")
 
@@ -77,9 +79,9 @@ def run(runner: Any) -> TreeCheck:
     """Check the tree step on ``runner`` and log the verdict (first rank only)."""
     dtype = runner.model_config.dtype
     tolerance = TOLERANCE.get(dtype, max(TOLERANCE.values()))
-    reason = ""
+    reason = where = ""
     try:
-        difference = largest_difference(runner)
+        difference, where = largest_difference(runner)
     except Exception as exc:  # noqa: BLE001 - any failure refuses trees, with its reason
         difference, reason = math.inf, f"{type(exc).__name__}: {exc}"
     finally:
@@ -90,7 +92,7 @@ def run(runner: Any) -> TreeCheck:
     check = TreeCheck(passed=difference <= tolerance,
                       backend=runner.attn_groups[0][0].backend.get_name(),
                       dtype=str(dtype).removeprefix("torch."), max_difference=difference,
-                      tolerance=tolerance, reason=reason)
+                      tolerance=tolerance, reason=reason, where=where)
     if runner_state.is_first_tp_rank():
         if check.passed:
             logger.info("vllm-lookahead: %s; trees on", check.describe())
@@ -101,10 +103,12 @@ def run(runner: Any) -> TreeCheck:
 
 
 @torch.inference_mode()
-def largest_difference(runner: Any) -> float:
+def largest_difference(runner: Any) -> tuple[float, str]:
     """Run the synthetic tree and the same tokens as linear sequences: the largest
     difference of a node's last hidden state (relative to the largest hidden value), or
-    of the request's blocks after the move (relative to their largest value)."""
+    of the request's blocks after the move (relative to their largest value), and which
+    comparison it was (a first chain's path or a branch's: tells a broken split from a
+    broken copy or write)."""
     block_size = kv_block_size(runner)
     size = len(PARENTS)
     prefix_len = min(block_size + block_size // 2 + 1, runner.max_model_len - size - 1)
@@ -153,7 +157,7 @@ def largest_difference(runner: Any) -> float:
     stale = prefix_len + np.arange(len(ACCEPTED) + 2, size)
     _erase(step, slots_of(table, stale, block_size))
     compared = table[:, : int(after[0]) // block_size + 1]
-    differences = []
+    differences = {}
     leaves = sorted(set(range(size)) - set(PARENTS.tolist()),
                     key=lambda leaf: leaf != ACCEPTED[-1])
     for leaf in leaves:
@@ -165,12 +169,16 @@ def largest_difference(runner: Any) -> float:
         positions = np.arange(len(tokens))
         want = forward_sequence(runner, tokens, positions, reference, seq_len=len(tokens),
                         slots=slots_of(reference, positions, block_size))[prefix_len:]
-        differences.append(_relative(got, want))
+        name = "path " + "-".join(map(str, path))
+        differences[name] = _relative(got, want)
         if leaf == ACCEPTED[-1]:
             _erase(step, slots_of(reference, stale, block_size))
-            differences.append(_relative(_blocks(runner, compared),
-                                         _blocks(runner, reference[:, : compared.shape[1]])))
-    return max(differences)
+            differences["the request's blocks after the move"] = _relative(
+                _blocks(runner, compared), _blocks(runner, reference[:, : compared.shape[1]]))
+    worst = max(differences, key=differences.get)
+    return differences[worst], f"most at {worst} (" + ", ".join(
+        f"{name} {value:.2g}" for name, value in differences.items()) + ")"
+
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
