@@ -13,6 +13,11 @@ FIXED + TOKEN x (scheduled tokens) milliseconds: lookahead's cost-aware cut time
 passes on that clock (deterministically, unlike a real machine), and the table adds
 the simulated decode tokens/s. Several ``--step-cost`` give one table each.
 
+``--oracle-cut`` adds a column per method whose drafts are cut to exactly the tokens
+verification will accept (known here, never in an engine): the same S with no draft
+token wasted, the ceiling of what any acceptance estimate and cut can make of that
+method's drafts.
+
     python -m benchmarks.replay record --model smollm2-135m --num-prompts 20 -o trace.json
     python -m benchmarks.replay run trace.json --methods ngram,suffix,lookahead \
         --method-config lookahead-n5='{"method": "lookahead", "ngram_size": 5}'
@@ -250,9 +255,11 @@ REPLAYERS = {"lookahead": LookaheadReplayer, "ngram": NgramReplayer, "suffix": S
 
 
 def replay(make_replayer: Callable[[], Replayer], trace: list[Request],
-           step_cost: StepCost | None = None) -> list[tuple[int, int, int, float]]:
+           step_cost: StepCost | None = None, oracle_cut: bool = False
+           ) -> list[tuple[int, int, int, float]]:
     """(generated tokens, forward passes, draft tokens verified, simulated decode
-    seconds) per request; the seconds are 0 without ``step_cost``.
+    seconds) per request; the seconds are 0 without ``step_cost``. ``oracle_cut``:
+    each draft is verified as far as it will be accepted, no further.
 
     Each dataset gets a fresh proposer, as each gets a fresh engine in benchmarks.run
     (Spec-Bench repeats MT-Bench's questions: a shared memory would see the answers).
@@ -274,14 +281,13 @@ def replay(make_replayer: Callable[[], Replayer], trace: list[Request],
         started = clock.now
         while done < len(output):
             draft = replayer.propose(request_id, sampled)[: replayer.k]
+            if oracle_cut:
+                draft = draft[: accepted_length(draft, output, done)]
             drafted += len(draft)
             if step_cost is not None:
                 replayer.before_pass(1 + len(draft))
                 clock.now += step_cost(1 + len(draft))
-            accepted = 0
-            while accepted < len(draft) and done + accepted < len(output) \
-                    and draft[accepted] == output[done + accepted]:
-                accepted += 1
+            accepted = accepted_length(draft, output, done)
             sampled = output[done : done + accepted + 1]
             replayer.append(sampled)
             done += len(sampled)
@@ -289,6 +295,16 @@ def replay(make_replayer: Callable[[], Replayer], trace: list[Request],
         replayer.finish(request_id)
         results.append((len(output), passes, drafted, clock.now - started))
     return results
+
+
+def accepted_length(draft: list[int], output: list[int], done: int) -> int:
+    """How many of ``draft``'s tokens greedy verification accepts after ``done``
+    tokens of ``output``."""
+    accepted = 0
+    while accepted < len(draft) and done + accepted < len(output) \
+            and draft[accepted] == output[done + accepted]:
+        accepted += 1
+    return accepted
 
 
 def summarize(trace: list[Request], results: list[tuple[int, int, int, float]]
@@ -328,6 +344,8 @@ def main() -> None:
     run.add_argument("--step-cost", action="append", type=StepCost.parse, default=[],
                      metavar="FIXED_MS,TOKEN_MS",
                      help="simulated decode pass time (repeatable: one table each)")
+    run.add_argument("--oracle-cut", action="store_true",
+                     help="also each method with its drafts cut to what will be accepted")
     add_arguments(run, None)
     args = parser.parse_args()
 
@@ -342,9 +360,11 @@ def main() -> None:
     specs = {name: methods[name].config for name in dict.fromkeys(names)}
     table = []
     for step_cost in args.step_cost or [None]:
-        rows = {name: summarize(trace, replay(lambda: REPLAYERS[spec["method"]](spec), trace,
-                                              step_cost))
-                for name, spec in specs.items()}
+        rows = {}
+        for name, spec in specs.items():
+            for oracle_cut in (False, True) if args.oracle_cut else (False,):
+                rows[name + " (oracle cut)" * oracle_cut] = summarize(trace, replay(
+                    lambda: REPLAYERS[spec["method"]](spec), trace, step_cost, oracle_cut))
         keys = list(next(iter(rows.values())))
         title = "S (draft tokens per pass)" + (
             f" decode tokens/s at {step_cost.label}" if step_cost else "")

@@ -9,6 +9,10 @@
 #
 # Steps (default: all, in this order; each one fits a 10-minute device command):
 #   env      install this package next to the kit's vLLM; record GPU, versions, commit
+#   tree-check  the tree step's start-up self-check on the real model, eager, in bf16 and
+#            fp16 (the device's own attention backend; the tiny-model tests run float32,
+#            which FlashAttention does not take): its verdict and which comparison
+#            differed, one engine start each
 #   greedy   pytest on the tiny models: greedy exactness in float32 (asserted), sampling
 #            distribution
 #   greedy-bf16  the greedy tests again in bfloat16 (informational: a k-token verification
@@ -43,18 +47,18 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift ;;
     --model) model=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
-    env|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
-    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env greedy greedy-bf16 trees server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+    env|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env tree-check greedy greedy-bf16 trees server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#steps[@]} -gt 0 ] || steps=(env greedy greedy-bf16 trees server latency load batch64)
+[ ${#steps[@]} -gt 0 ] || steps=(env tree-check greedy greedy-bf16 trees server latency load batch64)
 
 if [ $dry_run = 1 ]; then
   [ -n "${PYTHON:-}" ] || bash scripts/setup.sh >/dev/null
   python=${PYTHON:-.venv/bin/python}
   model=${model:-smollm2-135m}  # fetched by benchmarks.models (pinned, sha256-checked)
-  prompts=2 tokens=32 concurrency=4 batch=8 kv_bytes=$((1 << 30))
+  prompts=2 tokens=32 concurrency=4 batch=8 kv_bytes=$((1 << 30)) tree_dtypes=bfloat16
   engine_args='{"enforce_eager": true}'
   results=${results:-/tmp/gpu-validate-dry-run}
 else
@@ -62,6 +66,7 @@ else
   python=${PYTHON:-python3}
   model=${model:-/tmp/models/SmolLM2-135M-Instruct}
   prompts=${PROMPTS:-10} tokens=${TOKENS:-256} concurrency=16 batch=64 kv_bytes=$((8 << 30))
+  tree_dtypes="bfloat16 float16"
   engine_args='{"enforce_eager": false}'
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | awk 'NR==1 {print tolower($2)}')
   results=${results:-benchmarks/results/${gpu:-gpu}-validate-$(date +%F)}
@@ -126,6 +131,13 @@ for step in "${steps[@]}"; do
       missing=$(missing_modules pytest scipy matplotlib ray openai requests)
       [ -z "$missing" ] || echo "missing modules: $missing (stage them: bash shared/gpu/stage.sh --add NAME)" \
         | tee -a "$results/env.log" >&2
+      ;;
+    tree-check)
+      path=$model  # a folder, or a name benchmarks.models fetches (pinned, sha256-checked)
+      [ -d "$path" ] || path=$("$python" -c 'import sys; from benchmarks.models import fetch; print(fetch(sys.argv[1]))' "$model")
+      for dtype in $tree_dtypes; do
+        VLLM_LOGGING_LEVEL=INFO run "tree-check-$dtype" yes "$python" scripts/gpu_tree_check.py "$path" "$dtype"
+      done
       ;;
     greedy)
       run greedy-fp32 yes "$python" -m pytest -q "${parallel[@]}" -k "not tree" --junitxml "$results/greedy-fp32.xml" \

@@ -517,6 +517,32 @@ def test_replay_gives_each_dataset_a_fresh_proposer(second_dataset, second_helpe
     assert (passes_2 < passes) == second_helped and (drafted_2 > 0) == second_helped
 
 
+def test_replay_oracle_cut_keeps_s_and_verifies_only_accepted_tokens():
+    from benchmarks.replay import Replayer, Request, StepCost, replay
+
+    class HalfRight(Replayer):
+        """Drafts the next two answer tokens, then two wrong ones."""
+
+        def __init__(self, answer):
+            super().__init__({"num_speculative_tokens": 4})
+            self.answer = answer
+
+        def propose(self, request_id, sampled):
+            done = int(self.num_tokens[0]) - 1  # one prompt token
+            return self.answer[done : done + 2] + [0, 0]
+
+    answer = list(range(10, 29))  # the prefill's token, then 6 passes of 3 tokens
+    trace = [Request("a", "c", [1], answer)]
+    cost = StepCost(0.010, 0.001)
+    (tokens, passes, drafted, seconds), = replay(lambda: HalfRight(answer), trace, cost)
+    (tokens_2, passes_2, drafted_2, seconds_2), = replay(lambda: HalfRight(answer), trace,
+                                                        cost, oracle_cut=True)
+    assert (tokens_2, passes_2) == (tokens, passes)  # the same accepted tokens
+    accepted = tokens - passes  # every pass yields one token more than it accepts
+    assert drafted == 4 * (passes - 1) and drafted_2 == accepted
+    assert seconds_2 == pytest.approx(seconds - 0.001 * (drafted - drafted_2))
+
+
 def test_replay_step_cost_option_names_its_format():
     import argparse
 
