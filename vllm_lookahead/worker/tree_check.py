@@ -180,7 +180,6 @@ def largest_difference(runner: Any) -> tuple[float, str]:
         f"{name} {value:.2g}" for name, value in differences.items()) + ")"
 
 
-
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     scale = float(want.abs().max())
     return float((got - want).abs().max()) / scale if scale else math.inf
