@@ -35,11 +35,13 @@ TREE = {**LOOKAHEAD, "num_speculative_tokens": 12, "trees": "on", "tree_candidat
 ENGINE_KWARGS = dict(
     enforce_eager=True,
     dtype=os.environ.get("LOOKAHEAD_TEST_DTYPE", "float32"),
-    gpu_memory_utilization=float(os.environ.get("LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION", 0.9)),
     max_model_len=1024,
     kv_cache_memory_bytes=64 * 2**20,
     seed=0,
 )
+if "LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION" in os.environ:  # else vLLM's default
+    ENGINE_KWARGS["gpu_memory_utilization"] = float(
+        os.environ["LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION"])
 
 
 # Chunked prefill with a 64-token budget splits the long prompts (up to 300 tokens);
