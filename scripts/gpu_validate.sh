@@ -22,8 +22,9 @@
 #            float32 under chunked prefill and preemption, and the tree sampling test
 #   server   pytest: the OpenAI-server tests and the plugin under Ray
 #   latency  harness, real model in bf16 with CUDA graphs (as users run it): none / ngram /
-#            suffix / lookahead (METHODS overrides; suffix is recorded as unavailable without
-#            arctic-inference), HumanEval and MT-Bench subsets, batch 1
+#            suffix / lookahead / lookahead-unfilled (`uniform_drafts` off: drafts not filled
+#            to K for the full decode graph) (METHODS overrides; suffix is recorded as
+#            unavailable without arctic-inference), HumanEval and MT-Bench subsets, batch 1
 #   load     the same through the OpenAI server at concurrency 16
 #   batch64  offline, 64 HumanEval prompts at once: throughput and the proposer's share of
 #            the step at batch 64 (batch 1's share is in the latency table)
@@ -76,6 +77,7 @@ summary=$results/summary.md
 [ -f "$summary" ] || printf '# GPU validation\n\n| step | command | exit | seconds |\n|---|---|---|---|\n' >"$summary"
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
 methods=${METHODS:-none,ngram,suffix,lookahead}
+latency_methods=${METHODS:-$methods,lookahead-unfilled}
 failed=0
 parallel=()
 if [ "${PYTEST_WORKERS:-1}" -gt 1 ]; then
@@ -108,7 +110,8 @@ harness() {  # harness STEP MODE ENGINE_ARGS_JSON [extra run.py arguments]
   local step=$1 mode=$2 step_engine_args=$3; shift 3
   run "$step" yes "$python" -m benchmarks.run --model "$model" --methods "$methods" \
     --dtype bfloat16 --max-tokens "$tokens" --kv-cache-memory-bytes "$kv_bytes" \
-    --engine-args "$step_engine_args" --mode "$mode" --output-dir "$results" "$@"
+    --engine-args "$step_engine_args" --mode "$mode" --output-dir "$results" \
+    --method-config 'lookahead-unfilled={"method": "lookahead", "uniform_drafts": "off"}' "$@"
 }
 
 for step in "${steps[@]}"; do
@@ -156,7 +159,8 @@ for step in "${steps[@]}"; do
         tests/test_server.py tests/test_ray.py
       ;;
     latency)
-      harness latency latency "$engine_args" --datasets humaneval,mt_bench --num-prompts "$prompts"
+      methods=$latency_methods harness latency latency "$engine_args" --datasets humaneval,mt_bench \
+        --num-prompts "$prompts"
       ;;
     load)
       harness load server "$engine_args" --datasets humaneval --num-prompts $((2 * concurrency)) \

@@ -201,6 +201,21 @@ def test_server_rejects_bad_option_at_startup_without_traceback(llama_path):
     assert "Traceback" not in result.stderr
 
 
+def test_registering_and_validating_options_leave_numba_unloaded():
+    """vLLM 0.32's CPU platform fails to start a worker in a process that imported numba
+    (README, Limitations): the plugin and the option checks run in every process before
+    the runner exists, so they must not import the numba-compiled drafting code."""
+    check = ("import sys, vllm_lookahead.plugin as p; p.register(); "
+             "from vllm_lookahead.lookahead.options import LookaheadOptions; "
+             "from vllm_lookahead.mtad.options import MTADOptions; "
+             "LookaheadOptions.from_dict({}); MTADOptions.from_dict({\"model\": \"m\"}); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'numba'))")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_readme_documents_every_option():
     from pathlib import Path
 

@@ -1,5 +1,5 @@
 """Greedy lookahead output is bit-exact with plain decoding on a Qwen2 architecture,
-with linear and with tree drafts.
+with linear drafts, drafts filled to K and tree drafts.
 
 The tiny Qwen2 is nearly a bigram model (small residual scale), so its output loops and
 drafts are often accepted, also on tree branches off the first chain: there a wrong
@@ -36,6 +36,23 @@ def test_qwen2_matches_plain_decoding(qwen2_path, expected):
     assert generate(llm, make_prompts(seed=1), greedy()) == expected
     assert metrics(llm)["vllm:spec_decode_num_accepted_tokens"] > 0
     shutdown(llm)
+
+
+def test_drafts_filled_to_k_match_plain_decoding(qwen2_path, expected):
+    filled = {**LOOKAHEAD, "uniform_drafts": "on", "trees": "off"}
+    llm = LLM(qwen2_path, speculative_config=filled, disable_log_stats=False, **ENGINE_KWARGS)
+    outputs = generate(llm, make_prompts(seed=1), greedy())
+    counters = metrics(llm)
+    stats, = proposer_stats(llm)
+    shutdown(llm)
+    assert outputs == expected
+    assert stats.filled_steps > 0 and stats.padding_tokens > 0
+    # every request of every step drafted and verified K tokens: each step was uniform
+    k = LOOKAHEAD["num_speculative_tokens"]
+    assert stats.draft_tokens == k * stats.drafts
+    verified = counters["vllm:spec_decode_num_draft_tokens"]
+    assert verified == k * counters["vllm:spec_decode_num_drafts"]
+    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
 def test_tree_drafts_match_plain_decoding(qwen2_path, expected):

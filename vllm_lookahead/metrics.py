@@ -77,6 +77,8 @@ LOOKAHEAD_COUNTERS = [
      "Cut draft tokens that the generated text then matched (acceptance the cut gave up)."),
     ("vllm:lookahead_harvested_ngrams", "harvested_ngrams",
      "N-grams harvested from the target's predictions at draft positions (Jacobi)."),
+    ("vllm:lookahead_filled_steps", "filled_steps",
+     "Steps whose drafts were filled to K for a full CUDA graph (uniform_drafts)."),
 ]
 LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_pool_ngrams", "pool_ngrams",
@@ -98,12 +100,14 @@ LOOKAHEAD_GAUGES = [
 #: the cost-aware cut) and accepted, so that each source's precision can be read.
 DRAFT_TOKENS = ("vllm:lookahead_draft_tokens", "Draft tokens proposed, by source.")
 DRAFT_SOURCES = {"context": "suffix_tokens", "corpus": "corpus_tokens", "pool": "pool_tokens",
-                 "lattice": "lattice_tokens", "recycled": "recycled_tokens"}
+                 "lattice": "lattice_tokens", "recycled": "recycled_tokens",
+                 "padding": "padding_tokens"}
 ACCEPTED_TOKENS = ("vllm:lookahead_accepted_draft_tokens",
                    "Draft tokens accepted, by source (tree: nodes off the main draft).")
 ACCEPTED_SOURCES = {"context": "accepted_context_tokens", "corpus": "accepted_corpus_tokens",
                     "pool": "accepted_pool_tokens", "lattice": "accepted_lattice_tokens",
-                    "recycled": "accepted_recycled_tokens", "tree": "tree_accepted"}
+                    "recycled": "accepted_recycled_tokens",
+                    "padding": "accepted_padding_tokens", "tree": "tree_accepted"}
 
 
 def exported_metrics() -> list[tuple[str, str, str, str]]:
@@ -147,6 +151,7 @@ class ProposerStats:
     pool_tokens: int = 0
     lattice_tokens: int = 0  # from the lattice's top path (draft rescoring chose it)
     recycled_tokens: int = 0  # from the target's recycled top-k (Token Recycling)
+    padding_tokens: int = 0  # filled in to K for a full CUDA graph (``uniform_drafts``)
     # accepted main-draft tokens by source (``ACCEPTED_SOURCES``; off the main draft:
     # ``tree_accepted``)
     accepted_context_tokens: int = 0
@@ -154,6 +159,7 @@ class ProposerStats:
     accepted_pool_tokens: int = 0
     accepted_lattice_tokens: int = 0
     accepted_recycled_tokens: int = 0
+    accepted_padding_tokens: int = 0
     #: verified off the main draft (lookahead: tree candidates and window; mtad: other beams)
     tree_nodes: int = 0
     tree_accepted: int = 0  # accepted tokens that were tree nodes off the main draft
@@ -161,6 +167,7 @@ class ProposerStats:
     tree_fallbacks: int = 0  # trees verified as linear drafts (scratch blocks ran out)
     tree_check: int = -1  # tree step self-check: 1 passed, 0 failed, -1 not run
     harvested_ngrams: int = 0
+    filled_steps: int = 0  # steps whose drafts were filled to K (``uniform_drafts``)
     recycled_rows: int = 0  # top-k rows written into the recycled table
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)

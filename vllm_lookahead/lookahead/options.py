@@ -12,6 +12,7 @@ from vllm_lookahead.options import MethodOptions, check_value, option_field, opt
 #: K when ``num_speculative_tokens`` is not given.
 DEFAULT_SPEC_TOKENS = 24
 TREE_MODES = ("auto", "on", "off")
+UNIFORM_MODES = ("auto", "on", "off")
 #: trees ``auto``: the free tokens (start-up measurement) that turn trees on. In every
 #: step, trees (4 candidates, window 4, recycled chains, K 24) raised S about 1.4x over
 #: the linear drafts for ~25 more verified tokens and a tree step's own work (root block
@@ -117,6 +118,17 @@ class LookaheadOptions(MethodOptions):
         "0-2 % of the accepted tokens on a small CPU, about what it costs there); 0 turns "
         "it off.",
         auto=True,
+    )
+    uniform_drafts: str = option_field(
+        "auto", None,
+        "Fill every draft to K tokens (the pool's next guesses, the recycled top-k, the "
+        "last token repeated) so that a decode step is uniform (every request 1 + K "
+        "tokens) and replays vLLM's full CUDA graph instead of running piecewise. "
+        "`auto`: only where the runner has such graphs for the batch size and uniform "
+        "steps are measured no slower than the others (each shape timed by batch size, "
+        "the slower one retried now and then); `on`: whenever every request of the step "
+        "decodes with K tokens allowed; `off`: never.",
+        choices=UNIFORM_MODES,
     )
     trees: str = option_field(
         "auto", None,

@@ -6,7 +6,8 @@ Each step, for every decoding request: read what the last verification pass told
 Jacobi iteration into the request's pool), read the new context and check the
 request's earlier drafts against it (``hindsight.py``), then draft: the longest context
 or corpus match filled from the pool (``sources/``), cut to what the step affords
-(``budget.py``), grown into a tree where trees pay (``trees.py``).
+(``budget.py``), grown into a tree where trees pay (``trees.py``), or filled to K where
+that makes the step replay a full CUDA graph (``uniform_drafts.py``).
 
 vLLM calls ``propose`` with batch rows, not requests; per-request state is keyed by
 request id through the model runner bound by ``worker/`` (``state.py``).
@@ -37,6 +38,7 @@ from vllm_lookahead.lookahead.sources.drafts import NUM_TOKEN_CLASSES, Draft, Dr
 from vllm_lookahead.lookahead.sources.support import SUPPORT_BINS
 from vllm_lookahead.lookahead.state import RequestState, RequestStates
 from vllm_lookahead.lookahead.step_cost import CostCurve, StepCostModel
+from vllm_lookahead.lookahead.uniform_drafts import UniformDrafts, fill_draft
 from vllm_lookahead.metrics import (
     ACCEPTED_SOURCES,
     DRAFT_SOURCES,
@@ -75,6 +77,7 @@ class LookaheadProposer:
         self._capture: VerificationCapture | None = None
         self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cost_model = StepCostModel()
+        self._uniform = UniformDrafts(self.options.uniform_drafts, self.num_speculative_tokens)
         #: worker-wide estimates, by sampling class (``budget.sampling_class``)
         self._depth_acceptance = [AcceptanceByDepth(self.num_speculative_tokens,
                                                     NUM_TOKEN_CLASSES,
@@ -181,9 +184,11 @@ class LookaheadProposer:
     def on_last_top_k(self, top_ids: torch.Tensor, top_logprobs: torch.Tensor) -> None:
         self._last_top_k = (top_ids, top_logprobs)
 
-    def on_step_start(self, num_scheduled_tokens: int, decode_only: bool) -> None:
-        """The runner starts a step: the time since the last step started is that
-        step's cost, for the cost model.
+    def on_step_start(self, num_scheduled_tokens: int, decode_only: bool,
+                      num_requests: int = 0) -> None:
+        """The runner starts a step (of ``num_requests``; 0: not told): the time since
+        the last step started is that step's cost, for the cost model (and, by shape,
+        for ``uniform_drafts``).
 
         The whole period counts, not only the forward pass: the sampler, this proposer,
         the scheduler and the engine's output processing are paid once per step too,
@@ -194,9 +199,10 @@ class LookaheadProposer:
         """
         now = self.clock()
         if self._step_start is not None and decode_only:
-            step_start, num_scheduled = self._step_start
-            self.cost_model.add(num_scheduled, now - step_start)
-        self._step_start = (now, num_scheduled_tokens) if decode_only else None
+            step_start, num_scheduled, requests = self._step_start
+            if self._uniform.timed(requests, num_scheduled, now - step_start):
+                self.cost_model.add(num_scheduled, now - step_start)
+        self._step_start = (now, num_scheduled_tokens, num_requests) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         """Free state; a finished (or aborted) request's output joins the corpus."""
@@ -327,17 +333,28 @@ class LookaheadProposer:
     def _draft(self, rows: list[int], row_req_ids: list[str], states: list[RequestState],
                num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                num_rows: int) -> list[list[int]]:
-        """Main drafts from the sources, cut to the step's budget, grown into trees."""
+        """Main drafts from the sources, cut to the step's budget, grown into trees or
+        filled to K."""
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         if not rows:
             return drafts
         num_tokens = num_tokens_no_spec[np.asarray(rows, dtype=np.int64)].astype(np.int64)
         # never past max_model_len: the bonus token needs a slot too
-        limits = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
-        np.minimum(limits, [state.draft_limit for state in states], out=limits)
+        bounds = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        np.minimum(bounds, [state.max_draft for state in states], out=bounds)
+        if self._uniform.graph_requests is None:  # the runner's graphs exist by now
+            self._uniform.set_graph_requests(runner_state.uniform_graph_requests(self._runner))
+        free_tokens, step_cost, fill = self._step_plan(
+            self._uniform.wanted(num_rows, len(rows), bounds))
+        # every slot of a filled step is computed anyway: its sources draft up to K,
+        # past the probability that saves compute elsewhere
+        if fill:
+            limits, min_prob = bounds, np.zeros(len(states))
+        else:
+            limits = np.minimum(bounds, [state.draft_limit for state in states])
+            min_prob = np.array([state.draft_min_prob for state in states])
         main = self._sources.draft(rows, row_req_ids, states, token_ids_cpu, num_tokens,
-                                   limits)
-        free_tokens, step_cost = self._step_budget()
+                                   limits, min_prob)
         if self.options.cost_aware_drafts:
             proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
             classes = [draft.token_classes() for draft in main]
@@ -347,8 +364,9 @@ class LookaheadProposer:
                 float(first_rates[state.sampling_class][token_classes[0]])
                 if len(token_classes) else 0.0
                 for state, token_classes in zip(states, classes)]
-            self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
-                                                step_cost)
+            if not fill:
+                self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
+                                                    step_cost)
             for b, state in enumerate(states):
                 state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
                                         len(main[b].tokens), state.max_draft,
@@ -357,10 +375,16 @@ class LookaheadProposer:
             self._cut_log.maybe_log(self._stats, self.cost_model)
         for row, draft in zip(rows, main):
             drafts[row] = list(draft.tokens)
-        if self.trees_on:
-            self._stats.tree_nodes += trees.grow_trees(
-                rows, states, drafts, token_ids_cpu, num_tokens, free_tokens,
-                self._tree_yields, self.options, self.max_model_len, self._sources.recycled)
+        tree_nodes = trees.grow_trees(
+            rows, states, drafts, token_ids_cpu, num_tokens, free_tokens, self._tree_yields,
+            self.options, self.max_model_len, self._sources.recycled) if self.trees_on else 0
+        self._stats.tree_nodes += tree_nodes
+        if fill and not tree_nodes:  # a step with trees runs eagerly: no graph to fill for
+            for row, draft, state, bound in zip(rows, main, states, bounds.tolist()):
+                draft.padded = fill_draft(draft.tokens, state.pending_token, bound, state.pool,
+                                          self.options.guess_set_size, self._sources.recycled)
+                drafts[row] = list(draft.tokens)
+            self._stats.filled_steps += 1
         for state, draft in zip(states, main):
             state.draft, state.draft_origin = draft.tokens, draft
             if draft.tokens:
@@ -387,17 +411,22 @@ class LookaheadProposer:
         return cut_to_budget([draft.tokens for draft in main], first_rates, survival,
                              step_cost)
 
-    def _step_budget(self) -> tuple[float | None, CostCurve | None]:
-        """Tokens the step affords for free, by the line (for trees), and the step's
-        cost curve (for the cut), as the first tensor-parallel rank timed them: every
-        rank then drafts the same tokens and trees, and its attention splits the same
-        branches. Without ``cost_aware_drafts``: infinite, no curve; before the cost
-        model has samples: None, no curve."""
+    def _step_plan(self, fill: bool) -> tuple[float | None, CostCurve | None, bool]:
+        """Tokens the step affords for free, by the line (for trees), the step's cost
+        curve (for the cut) and whether to ``fill`` the drafts to K, as the first
+        tensor-parallel rank timed them: every rank then drafts the same tokens and
+        trees, and its attention splits the same branches. Without
+        ``cost_aware_drafts``: infinite, no curve; before the cost model has samples:
+        None, no curve."""
         if not self.options.cost_aware_drafts:
-            return math.inf, None
-        model = self.cost_model
-        return runner_state.broadcast_from_first_tp_rank(
-            (model.free_tokens(), model.curve()) if model.has_estimate else (None, None))
+            plan = (math.inf, None, fill)
+        elif self.cost_model.has_estimate:
+            plan = (self.cost_model.free_tokens(), self.cost_model.curve(), fill)
+        else:
+            plan = (None, None, fill)
+        if not self.options.cost_aware_drafts and not self._uniform.may_fill:
+            return plan
+        return runner_state.broadcast_from_first_tp_rank(plan)
 
     def _count_by_source(self, draft: Draft, count: int, fields: dict[str, str]) -> None:
         """Add the draft's first ``count`` tokens to the stats ``fields`` of their sources."""

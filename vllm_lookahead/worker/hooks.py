@@ -62,8 +62,10 @@ class DrafterHooks(Protocol):
     def bind_model_runner(self, runner: Any) -> None:
         """The runner the drafter serves (request ids per row, the KV cache)."""
 
-    def on_step_start(self, num_scheduled_tokens: int, decode_only: bool) -> None:
-        """A step starts with this many tokens; its time until ``propose`` is its cost."""
+    def on_step_start(self, num_scheduled_tokens: int, decode_only: bool,
+                      num_requests: int) -> None:
+        """A step of ``num_requests`` starts with this many tokens; the time until the
+        next one starts is its cost."""
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
         """Requests finished (or aborted) or preempted: free their state."""

@@ -45,7 +45,8 @@ def _observe_scheduler_output(runner: Any, drafter: Any) -> None:
     def _update_states(scheduler_output, *args, **kwargs):
         if step_started is not None:
             step_started(scheduler_output.total_num_scheduled_tokens,
-                         is_decode_only(scheduler_output))
+                         is_decode_only(scheduler_output),
+                         len(scheduler_output.num_scheduled_tokens))
         result = original(scheduler_output, *args, **kwargs)
         finished = scheduler_output.finished_req_ids  # aborted ones included
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
@@ -61,6 +62,21 @@ def is_decode_only(scheduler_output: Any) -> bool:
     drafts = scheduler_output.scheduled_spec_decode_tokens
     return all(count == 1 + len(drafts.get(req_id, ()))
                for req_id, count in scheduler_output.num_scheduled_tokens.items())
+
+
+def uniform_graph_requests(runner: Any) -> int:
+    """Most requests whose *uniform* decode step (each computing 1 + K tokens) replays a
+    full CUDA graph, where other speculative steps run piecewise: 0 where no step
+    replays one (CPU, ``enforce_eager``, piecewise graphs only) or where every step may
+    (full graphs for mixed batches too). Read from the runner's graph dispatcher, whose
+    keys exist once the graphs are captured."""
+    from vllm.config import CUDAGraphMode
+
+    keys = getattr(getattr(runner, "cudagraph_dispatcher", None), "cudagraph_keys", None)
+    full = (keys or {}).get(CUDAGraphMode.FULL, ())
+    if any(not descriptor.uniform for descriptor in full):
+        return 0
+    return max((descriptor.num_reqs or 0 for descriptor in full), default=0)
 
 
 def check_bound(runner: Any) -> None:

@@ -31,13 +31,15 @@ NUM_TOKEN_CLASSES = len(TOKEN_SOURCES) * SUPPORT_BINS
 class Draft:
     """A request's main draft and the origin of its tokens: first ``matched`` tokens
     from ``match_source`` ("context" or "corpus"), then ``from_pool`` pool tokens, of
-    which ``from_lattice`` were the lattice's top path, then recycled tokens."""
+    which ``from_lattice`` were the lattice's top path, then recycled tokens, then
+    ``padded`` tokens that only fill it to K (``uniform_drafts.py``)."""
 
     tokens: list[int]
     match_source: str = "context"
     matched: int = 0
     from_pool: int = 0
     from_lattice: int = 0
+    padded: int = 0
     #: each token's support bin (``support.py``), as drafted (the cut shortens ``tokens``)
     bins: list[int] = field(default_factory=list)
 
@@ -49,8 +51,10 @@ class Draft:
         matched = min(self.matched, count)
         from_pool = min(self.from_pool, count - matched)
         from_lattice = min(self.from_lattice, from_pool)
+        recycled = min(count, len(self.tokens) - self.padded) - matched - from_pool
         return {self.match_source: matched, "lattice": from_lattice,
-                "pool": from_pool - from_lattice, "recycled": count - matched - from_pool}
+                "pool": from_pool - from_lattice, "recycled": recycled,
+                "padding": count - matched - from_pool - recycled}
 
     def token_sources(self) -> np.ndarray:
         """Each token's source, as an index into ``TOKEN_SOURCES`` (a draft holds them
@@ -120,11 +124,12 @@ class DraftSources:
         warm_up_corpus()
 
     def draft(self, rows: list[int], req_ids: list[str], states: list[RequestState],
-              token_ids_cpu: np.ndarray, num_tokens: np.ndarray, limits: np.ndarray
-              ) -> list[Draft]:
-        """One draft per row (of at most its limit), in order."""
+              token_ids_cpu: np.ndarray, num_tokens: np.ndarray, limits: np.ndarray,
+              min_prob: np.ndarray) -> list[Draft]:
+        """One draft per row (of at most its limit), in order; each stops where its
+        probability estimate would fall below its ``min_prob`` (the request's
+        ``draft_min_prob``, or 0 where every slot up to the limit is computed anyway)."""
         opts = self.options
-        min_prob = np.array([state.draft_min_prob for state in states])
         batch_suffix_match(
             token_ids_cpu, np.asarray(rows, dtype=np.int64), num_tokens, limits,
             opts.suffix_match_min, opts.suffix_match_max, min_prob, self._match_out,
@@ -132,16 +137,16 @@ class DraftSources:
         )
         drafts = []
         for b, (row, req_id, state) in enumerate(zip(rows, req_ids, states)):
-            limit = int(limits[b])
+            limit, least = int(limits[b]), float(min_prob[b])
             draft = self._matched_continuation(b, req_id, token_ids_cpu[row], int(num_tokens[b]),
-                                               limit, state.draft_min_prob)
-            draft.from_lattice, prob = self._fill_from_pool(state, draft, limit,
+                                               limit, least)
+            draft.from_lattice, prob = self._fill_from_pool(state, draft, limit, least,
                                                             self._match_estimate(b, draft))
             draft.from_pool = len(draft.tokens) - draft.matched
             if self.recycled is not None and len(draft.tokens) < limit:
                 recycled, _ = self.recycled.chain(
                     draft.tokens[-1] if draft.tokens else state.pending_token,
-                    limit - len(draft.tokens), prob, state.draft_min_prob)
+                    limit - len(draft.tokens), prob, least)
                 draft.tokens.extend(recycled)
                 draft.bins.extend([SEEN_ONCE] * len(recycled))
             drafts.append(draft)
@@ -184,10 +189,10 @@ class DraftSources:
         if reached:
             self.corpus_acceptance.add(reached, draft.tokens_by_source(accepted)["corpus"])
 
-    def _fill_from_pool(self, state: RequestState, draft: Draft, limit: int,
+    def _fill_from_pool(self, state: RequestState, draft: Draft, limit: int, min_prob: float,
                         prob: float) -> tuple[int, float]:
         """Extend ``draft`` towards ``limit`` tokens by chained lookups in the request's
-        pool while the draft's probability estimate stays at or above ``draft_min_prob``.
+        pool while the draft's probability estimate stays at or above ``min_prob``.
         Returns how many of the added tokens are the lattice's path (draft rescoring),
         and the draft's probability estimate."""
         opts = self.options
@@ -200,7 +205,7 @@ class DraftSources:
                                                  opts.guess_set_size, opts.ngram_size)
             else:
                 best, is_lattice_path = state.pool.best(key, opts.guess_set_size), False
-            if best is None or prob * best[1] < state.draft_min_prob:
+            if best is None or prob * best[1] < min_prob:
                 break
             continuation, share, support = best
             prob *= share
