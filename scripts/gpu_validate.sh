@@ -9,10 +9,10 @@
 #
 # Steps (default: all, in this order; each one fits a 10-minute device command):
 #   env      install this package next to the kit's vLLM; record GPU, versions, commit
-#   tree-check  the tree step's start-up self-check on the real model, eager, in bf16 and
-#            fp16 (the device's own attention backend; the tiny-model tests run float32,
-#            which FlashAttention does not take): its verdict and which comparison
-#            differed, one engine start each
+#   tree-check  the tree step's start-up self-check on the real model, with CUDA graphs
+#            (as users run vLLM), in bf16 and fp16 (the device's own attention backend;
+#            the tiny-model tests run float32, which FlashAttention does not take): its
+#            verdict and which comparison differed, one engine start each
 #   greedy   pytest on the tiny models: greedy exactness in float32 (asserted), sampling
 #            distribution
 #   greedy-bf16  the greedy tests again in bfloat16 (informational: a k-token verification
@@ -28,7 +28,8 @@
 #   load     the same through the OpenAI server at concurrency 16
 #   batch64  offline, 64 HumanEval prompts at once: throughput and the proposer's share of
 #            the step at batch 64 (batch 1's share is in the latency table)
-# PROMPTS and TOKENS (GPU: 10 and 256) size the harness steps' prompt sets and outputs.
+# PROMPTS and TOKENS (GPU: 10 and 256) size the harness steps' prompt sets and outputs;
+# TREE_DTYPES (GPU: "bfloat16 float16") the tree-check's dtypes.
 # PYTEST_WORKERS=N runs the pytest steps' files in N processes at once (pytest-xdist, one
 # file per process, each engine taking LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION of the GPU,
 # default 0.08). ARCTIC_SDIST=PATH (arctic-inference 0.1.1's sdist, which has no cp312
@@ -67,7 +68,7 @@ else
   python=${PYTHON:-python3}
   model=${model:-/tmp/models/SmolLM2-135M-Instruct}
   prompts=${PROMPTS:-10} tokens=${TOKENS:-256} concurrency=16 batch=64 kv_bytes=$((8 << 30))
-  tree_dtypes="bfloat16 float16"
+  tree_dtypes=${TREE_DTYPES:-bfloat16 float16}
   engine_args='{"enforce_eager": false}'
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | awk 'NR==1 {print tolower($2)}')
   results=${results:-benchmarks/results/${gpu:-gpu}-validate-$(date +%F)}

@@ -73,6 +73,23 @@ def test_trees_pass_the_self_check_at_start(checked_llm):
     assert stats.tree_check == 1
 
 
+def test_trees_pass_the_self_check_under_torch_compile(sharp_llama_path):
+    """As vLLM runs by default (not eager): the check's passes go through the compiled
+    model, which vLLM traced with int32 token ids and guards no further, so ids of
+    another dtype are misread. The check once passed int64 ids and failed on every
+    GPU run with CUDA graphs (benchmarks/README.md, run (bp))."""
+    llm = LLM(sharp_llama_path, speculative_config=TREE,
+              **{**ENGINE_KWARGS, "enforce_eager": False})
+    try:
+        stats, = proposer_stats(llm)
+        assert stats.tree_check == 1
+        generate(llm, make_prompts()[:2], greedy())
+        stats, = proposer_stats(llm)
+        assert stats.tree_nodes > 0
+    finally:
+        shutdown(llm)
+
+
 @pytest.mark.parametrize("broken", [None, "root-block copy", "path writes", "metadata split",
                                     "accepted path move"])
 def test_the_self_check_fails_a_broken_tree_step(checked_llm, broken):

@@ -77,6 +77,19 @@ def test_a_changed_machine_turns_filling_off():
     assert not uniform.wanted(1, 1, full_k(1))
 
 
+def test_a_one_time_cost_in_the_first_filled_steps_does_not_decide():
+    """H100, run (bp): one first filled step of about 0.4 s (numba compiling) among
+    eleven made their mean 37 ms where the step took 3 ms, against 7.6 ms unfilled."""
+    uniform = UniformDrafts("auto", K)
+    uniform.set_graph_requests(1)
+    time_steps(uniform, 1, True, 0.4, 1)
+    time_steps(uniform, 1, True, 0.003, MIN_TIMED - 1)
+    time_steps(uniform, 1, False, 0.0076, MIN_TIMED)
+    assert uniform.wanted(1, 1, full_k(1))
+    time_steps(uniform, 1, False, 0.5, 1)  # nor one slow step of the other shape
+    assert uniform.wanted(1, 1, full_k(1))
+
+
 def test_steps_without_full_graphs_all_reach_the_cost_fit():
     uniform = UniformDrafts("auto", K)
     uniform.set_graph_requests(0)
@@ -153,6 +166,27 @@ def test_proposer_fills_to_k_counts_padding_and_times_uniform_steps_apart():
     now[0] += 0.02
     proposer.on_step_start(4, decode_only=True, num_requests=2)
     assert proposer.cost_model._count == 1
+
+
+def test_a_filled_step_grows_no_trees():
+    """Tree steps run eagerly; where filling was chosen, the full graph beat them."""
+    from vllm import SamplingParams
+
+    # nothing follows 9: the main draft is empty even at draft_min_prob 0, so the step
+    # has room for a tree (the window's guesses) or for the filler
+    context = [5, 1, 2, 5, 1, 3, 5, 1, 4, 9]
+    nodes = {}
+    for mode in ("on", "off"):
+        proposer, runner = make_proposer(k=12, ngram_size=3, tree_candidates=2,
+                                         tree_window=2, cost_aware_drafts=False,
+                                         draft_min_prob=0.3, uniform_drafts=mode)
+        batch = Batch(runner, {"a": context})
+        runner.requests["a"] = SimpleNamespace(sampling_params=SamplingParams(temperature=0))
+        draft, = batch.propose(proposer, [[9]])
+        nodes[mode] = proposer.stats.tree_nodes
+        assert (proposer.stats.filled_steps, len(draft) == 12) == \
+            ((1, True) if mode == "on" else (0, False))
+    assert nodes["on"] == 0 and nodes["off"] > 0
 
 
 def test_proposer_without_graphs_drafts_as_before():

@@ -126,8 +126,9 @@ class LookaheadOptions(MethodOptions):
         "tokens) and replays vLLM's full CUDA graph instead of running piecewise. "
         "`auto`: only where the runner has such graphs for the batch size and uniform "
         "steps are measured no slower than the others (each shape timed by batch size, "
-        "the slower one retried now and then); `on`: whenever every request of the step "
-        "decodes with K tokens allowed; `off`: never.",
+        "the slower one retried now and then, each judged by its recent median); `on`: "
+        "whenever every request of the step decodes with K tokens allowed; `off`: never. "
+        "A step that fills grows no trees (tree steps run without CUDA graphs).",
         choices=UNIFORM_MODES,
     )
     trees: str = option_field(

@@ -375,11 +375,14 @@ class LookaheadProposer:
             self._cut_log.maybe_log(self._stats, self.cost_model)
         for row, draft in zip(rows, main):
             drafts[row] = list(draft.tokens)
+        # a step with trees runs eagerly: where filling won, its graph beat them too
+        # (the tree steps were among the other steps it was timed against)
         tree_nodes = trees.grow_trees(
             rows, states, drafts, token_ids_cpu, num_tokens, free_tokens, self._tree_yields,
-            self.options, self.max_model_len, self._sources.recycled) if self.trees_on else 0
+            self.options, self.max_model_len,
+            self._sources.recycled) if self.trees_on and not fill else 0
         self._stats.tree_nodes += tree_nodes
-        if fill and not tree_nodes:  # a step with trees runs eagerly: no graph to fill for
+        if fill:
             for row, draft, state, bound in zip(rows, main, states, bounds.tolist()):
                 draft.padded = fill_draft(draft.tokens, state.pending_token, bound, state.pool,
                                           self.options.guess_set_size, self._sources.recycled)

@@ -14,6 +14,10 @@ Whether filling pays is measured, not assumed: step times are kept by batch size
 uniform and other decode steps, filling stays on while uniform steps are no slower,
 and the shape that lost is tried again every ``PROBE_INTERVAL`` steps. Filling never
 removes a token the drafts had, so equal step times mean at least as many tokens.
+Each shape is judged by the median of its recent steps: the first filled steps pay
+one-time costs (numba compiling the sources' new paths), and on an H100 one such step
+of about 0.4 s made a mean of eleven 37 ms where the step took 3 ms, which kept
+filling off for a whole run (benchmarks/README.md, run (bp)).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ if TYPE_CHECKING:  # the sources compile with numba, which options.py must not i
     from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 
 #: Steps of a shape (uniform or not) timed at a batch size before their times are
-#: compared; and the most recent steps its mean time follows (an exponential average).
+#: compared; and the most recent steps whose median stands for the shape.
 MIN_TIMED = 4
 TIME_MEMORY = 20
 #: Steps at a batch size between two tries of the shape that was slower.
@@ -47,13 +51,17 @@ class UniformDrafts:
         self.query_len = 1 + num_speculative_tokens
         #: most requests whose uniform step replays a full graph (None: not read yet)
         self.graph_requests: int | None = None
-        self._mean_seconds = np.zeros((0, 2))  # by [batch size, uniform]
-        self._timed = np.zeros((0, 2), dtype=np.int64)
-        self._since_probe = np.zeros(0, dtype=np.int64)
+        self._keep_times(0)
 
     def set_graph_requests(self, max_requests: int) -> None:
         self.graph_requests = max_requests
-        self._mean_seconds = np.zeros((max_requests + 1, 2))
+        self._keep_times(max_requests)
+
+    def _keep_times(self, max_requests: int) -> None:
+        """Room, by [batch size, uniform], for the last TIME_MEMORY step times (a ring),
+        their median, and how many steps were timed."""
+        self._seconds = np.zeros((max_requests + 1, 2, TIME_MEMORY))
+        self._median_seconds = np.zeros((max_requests + 1, 2))
         self._timed = np.zeros((max_requests + 1, 2), dtype=np.int64)
         self._since_probe = np.zeros(max_requests + 1, dtype=np.int64)
 
@@ -76,8 +84,8 @@ class UniformDrafts:
         timed = self._timed[num_rows]
         if timed.min() < MIN_TIMED:  # time both shapes first, uniform first
             return bool(timed[1] < MIN_TIMED)
-        mean = self._mean_seconds[num_rows]
-        uniform_wins = bool(mean[1] <= mean[0])
+        median = self._median_seconds[num_rows]
+        uniform_wins = bool(median[1] <= median[0])
         self._since_probe[num_rows] += 1
         if self._since_probe[num_rows] >= PROBE_INTERVAL:
             self._since_probe[num_rows] = 0
@@ -91,10 +99,14 @@ class UniformDrafts:
         if not self.graph_requests or not 0 < num_requests <= self.graph_requests:
             return True
         uniform = int(num_tokens == num_requests * self.query_len)
-        self._timed[num_requests, uniform] += 1
-        weight = 1 / min(self._timed[num_requests, uniform], TIME_MEMORY)
-        self._mean_seconds[num_requests, uniform] += weight * (
-            seconds - self._mean_seconds[num_requests, uniform])
+        count = int(self._timed[num_requests, uniform])
+        recent = self._seconds[num_requests, uniform]
+        recent[count % TIME_MEMORY] = seconds
+        self._timed[num_requests, uniform] = count + 1
+        # the lower median: one outlier among MIN_TIMED steps never decides
+        window = recent[: min(count + 1, TIME_MEMORY)]
+        middle = (len(window) - 1) // 2
+        self._median_seconds[num_requests, uniform] = np.partition(window, middle)[middle]
         return not uniform
 
 

@@ -18,6 +18,7 @@ filled with noise, so a missing copy, write or move cannot pass.
 | ``runner.model(input_ids=, positions=)``, ``runner.attn_groups[0][i].metadata_builders[0].build``, ``.layer_names`` | called | the serving model, kernels and (wrapped) metadata builders | 0.32.0, 0.26.0 (CPU_ATTN) |
 | ``vllm.forward_context.set_forward_context(metadata, vllm_config, num_tokens=, slot_mapping=)`` | called | the per-layer metadata and KV slots of a pass (no CUDA graph: runtime mode NONE) | 0.32.0, 0.26.0 (CPU) |
 | ``runner.kv_caches``, ``runner.kv_cache_config.num_blocks``, ``runner.model_config`` | read, written | the blocks it computes in; the dtype | 0.32.0, 0.26.0 (CPU) |
+| ``runner.input_ids.gpu.dtype`` | read | token ids in the dtype the compiled model was traced with (int32; without guards, int64 ids were misread) | 0.32.0, 0.26.0 (CPU, compiled and eager) |
 """
 
 from __future__ import annotations
@@ -239,8 +240,15 @@ def forward_sequence(runner: Any, tokens: np.ndarray, positions: np.ndarray,
     slot_tensor = torch.from_numpy(slots).to(device)
     with set_forward_context(metadata, runner.vllm_config, num_tokens=len(tokens),
                              slot_mapping=dict.fromkeys(metadata, slot_tensor)):
-        hidden = runner.model(input_ids=torch.from_numpy(tokens.astype(np.int64)).to(device),
+        hidden = runner.model(input_ids=torch.from_numpy(tokens).to(device, _token_dtype(runner)),
                               positions=torch.from_numpy(positions.astype(np.int64)).to(device))
     if not isinstance(hidden, torch.Tensor):
         raise CannotRun("the model returned no hidden states (pipeline parallelism?)")
     return hidden.float()
+
+
+def _token_dtype(runner: Any) -> torch.dtype:
+    """The dtype of vLLM's own token-id buffer (int32): the compiled model was traced
+    with it and keeps no guards, so it would misread ids of any other dtype."""
+    return getattr(getattr(getattr(runner, "input_ids", None), "gpu", None), "dtype",
+                   torch.int32)
