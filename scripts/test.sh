@@ -5,16 +5,20 @@
 #     bash scripts/test.sh [PYTEST ARGS]                 # vLLM 0.32.0, then 0.26.0
 #     VLLM_VERSIONS=0.32.0 bash scripts/test.sh -q       # one version
 #
-# Every version runs even if one fails; the exit status is 1 if any failed.
+# Every version runs even if one fails; the exit status is 1 if any failed. Tests marked
+# `once` (version-independent, or covered on the GPU host's version) run with the first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 failed=()
+once_ran_with=""  # tests marked `once` run with the first version only (tests/conftest.py)
 for version in ${VLLM_VERSIONS:-0.32.0 0.26.0}; do
   bash scripts/setup.sh "$version"
   if [ "$version" = 0.32.0 ]; then venv=.venv; else venv=.venv-vllm-$version; fi
   echo "=== tests with vLLM $version ($venv) ===" >&2
-  "$venv/bin/python" -m pytest "$@" || failed+=("$version")
+  LOOKAHEAD_ONCE_TESTS_RAN_WITH="$once_ran_with" "$venv/bin/python" -m pytest "$@" \
+    || failed+=("$version")
+  once_ran_with=${once_ran_with:-$version}
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "=== tests FAILED with vLLM ${failed[*]} ===" >&2

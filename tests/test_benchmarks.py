@@ -582,6 +582,7 @@ def test_replay_run_writes_its_table_into_a_run_folder(tmp_path, monkeypatch, ca
     assert f"results: {folder}/" in capsys.readouterr().out
 
 
+@pytest.mark.once
 def test_mtad_pass_at_1_checker_runs_the_tasks_tests():
     import gzip
 

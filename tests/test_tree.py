@@ -168,14 +168,40 @@ def _install_oracle(worker, prompts, reference):
     drafter.draft_tree = draft_tree
 
 
+def _remove_oracle(worker):
+    """Back to the drafter's own methods (the oracle set them on the instance)."""
+    drafter = worker.model_runner.drafter
+    del drafter.propose, drafter.draft_tree
+    return drafter.oracle_counts
+
+
 def test_oracle_trees_accepted_off_the_first_chain_match_plain_decoding(
-        llama_path, llama_reference):
-    llm = LLM(llama_path, speculative_config=TREE, **STRESSED)
+        tree_llm, llama_reference):
     prompts = make_prompts()
-    llm.collective_rpc(lambda worker: _install_oracle(worker, prompts, llama_reference))
-    outputs = generate(llm, prompts, greedy())
-    counts, = llm.collective_rpc(lambda worker: worker.model_runner.drafter.oracle_counts)
-    shutdown(llm)
+    tree_llm.collective_rpc(lambda worker: _install_oracle(worker, prompts, llama_reference))
+    try:
+        outputs = generate(tree_llm, prompts, greedy())
+    finally:
+        counts, = tree_llm.collective_rpc(_remove_oracle)
     assert outputs == llama_reference
     # most passes accept the whole branch: no token of the first chain is ever right
     assert counts["tokens"] / counts["passes"] > 3.0
+
+
+def test_after_a_failed_check_drafts_are_linear_and_exact(tree_llm, llama_reference):
+    """A failed tree self-check (``worker/tree_check.py``) leaves the engine serving
+    linear drafts, still exact. Last of this module's tests on ``tree_llm``: trees
+    stay off in it from here on."""
+    def fail(worker):
+        from vllm_lookahead.worker import tree_check
+
+        worker.model_runner.drafter.on_tree_check(tree_check.TreeCheck(
+            passed=False, backend="any", dtype="float32", max_difference=1.0,
+            tolerance=1e-3))
+
+    before, = proposer_stats(tree_llm)
+    tree_llm.collective_rpc(fail)
+    assert generate(tree_llm, make_prompts(), greedy()) == llama_reference
+    after, = proposer_stats(tree_llm)
+    assert after.tree_check == 0 and after.tree_nodes == before.tree_nodes
+    assert after.drafts > before.drafts
