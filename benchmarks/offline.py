@@ -97,17 +97,23 @@ def proposer_stats(llm) -> dict | None:
 def start_state(llm, proposer: dict | None) -> dict:
     """What the engine decided at start-up: the KV cache's blocks and those held back
     as scratch (tree branches, MTAD beams), and (lookahead) the trees' start-up cost
-    measurement and self-check."""
+    measurement (its free tokens and the fastest pass of each size timed) and
+    self-check."""
     from vllm_lookahead.worker.scratch import blocks_in_use
 
     def blocks(worker) -> tuple[int, int]:
         return worker.model_runner.kv_cache_config.num_blocks, len(blocks_in_use(worker))
 
+    def passes(worker) -> dict | None:
+        cost = getattr(getattr(worker.model_runner, "drafter", None), "start_cost", None)
+        return None if cost is None else {"sizes": list(cost.sizes),
+                                          "seconds": list(cost.size_seconds)}
+
     total, held = llm.collective_rpc(blocks)[0]
     state = {"kv_blocks": total, "held_blocks": held}
     if proposer is not None and "start_free_tokens" in proposer:
         state.update(start_free_tokens=proposer["start_free_tokens"],
-                     tree_check=proposer["tree_check"])
+                     tree_check=proposer["tree_check"], start_passes=llm.collective_rpc(passes)[0])
     return state
 
 

@@ -122,6 +122,10 @@ def _start_table(measurements: list[dict]) -> list[str]:
         start = m["start"]
         free = start.get("start_free_tokens")
         measured = "-" if free is None or math.isnan(free) else _num(free, 0)
+        passes = start.get("start_passes")
+        if passes and passes["sizes"]:  # the one-token and the longest pass
+            measured += (f" ({passes['sizes'][0]}: {passes['seconds'][0] * 1e3:.2f} ms, "
+                         f"{passes['sizes'][-1]}: {passes['seconds'][-1] * 1e3:.2f} ms)")
         lines.append(
             f"| {method} | {m['startup_seconds']:.1f} | {start['kv_blocks']} | "
             f"{start['held_blocks']} | {measured} | "

@@ -837,6 +837,26 @@ def test_trees_auto_follow_the_start_up_cost_and_take_recycling_with_them():
     assert off.capture_last_top_k == 0
 
 
+def test_the_start_up_cost_reads_each_sizes_fastest_pass():
+    """Passes on a device where extra tokens are nearly free (a 2 ms pass, 1 us a token
+    more), with delays that only ever add time, in three of five rounds: the fastest
+    passes find the same free tokens as undisturbed ones; the medians would find 12."""
+    from vllm_lookahead.worker.start_cost import EXTRA_TOKENS, REPEATS, SIZES, summarize
+
+    clean = np.array([0.002 + 1e-6 * (n - 1) for n in SIZES])
+    rounds = np.tile(clean, (REPEATS, 1))
+    rounds[:3, -1] += 0.005  # the longest pass disturbed in three rounds
+    rounds[3, 0] += 0.001  # and the one-token pass in another
+    cost = summarize(rounds)
+    assert cost.size_seconds == pytest.approx(tuple(clean))
+    assert cost.free_tokens == pytest.approx((0.002 - 1e-6) / 1e-6)
+    median_extra = np.median(rounds[:, -1] - rounds[:, 0]) / EXTRA_TOKENS  # the old reading
+    assert round((np.median(rounds[:, 0]) - median_extra) / median_extra) == 12
+    # a longest pass measured faster than the one-token pass: tokens are free
+    rounds[:, -1] = 0.0019
+    assert summarize(rounds).free_tokens == math.inf
+
+
 def test_a_failed_self_check_turns_auto_recycling_off():
     from vllm_lookahead.worker.tree_check import TreeCheck
 

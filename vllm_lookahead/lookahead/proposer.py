@@ -78,6 +78,8 @@ class LookaheadProposer:
         self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cost_model = StepCostModel()
         self._uniform = UniformDrafts(self.options.uniform_drafts, self.num_speculative_tokens)
+        #: the worker's start-up measurement (trees ``auto``), kept for reports
+        self.start_cost: Any = None
         #: worker-wide estimates, by sampling class (``budget.sampling_class``)
         self._depth_acceptance = [AcceptanceByDepth(self.num_speculative_tokens,
                                                     NUM_TOKEN_CLASSES,
@@ -154,7 +156,7 @@ class LookaheadProposer:
         """Trees ``auto``: the worker measured what an extra token costs the target
         (``worker.start_cost.StartCost``, the first tensor-parallel rank's); trees stay
         on only where enough tokens are free, and the cost-aware cut starts from it."""
-        free = cost.free_tokens
+        self.start_cost, free = cost, cost.free_tokens
         if not cost.reason and cost.token_seconds > 0:
             self.cost_model.set_prior(cost.fixed_seconds, cost.token_seconds, cost.sizes,
                                       cost.size_seconds)
