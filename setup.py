@@ -13,7 +13,7 @@ setup(
     # (different distribution names, same module). Supported: 0.26 - 0.33 (see README).
     install_requires=["numba", "numpy"],
     extras_require={
-        "test": ["pytest", "openai", "requests", "scipy"],
+        "test": ["pytest", "pytest-xdist", "openai", "requests", "scipy"],
         "bench": ["gguf>=0.10.0", "accelerate>=1.1.0", "matplotlib", "tqdm"],
         # vLLM's `suffix` method; builds from source (pulls a CUDA torch into the
         # build environment only), so it is not part of the test set-up.
