@@ -8,15 +8,16 @@
 # Every version runs even if one fails; the exit status is 1 if any failed. Tests marked
 # `once` (version-independent, or covered on the GPU host's version) run with the first.
 # The test files run in PYTEST_WORKERS processes (default 2, pytest-xdist, one file per
-# process): most of a test's time is an engine start, mostly single-threaded imports of
-# vLLM in the engine's processes, so two overlap on two cores. PYTEST_WORKERS=1: one.
+# process, the slowest files first: tests/conftest.py): most of a test's time is an
+# engine start, mostly single-threaded imports of vLLM in the engine's processes, so two
+# overlap on two cores. PYTEST_WORKERS=1: one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 failed=()
 parallel=()
 workers=${PYTEST_WORKERS:-2}
-[ "$workers" -le 1 ] || parallel=(-n "$workers" --dist loadfile)
+[ "$workers" -le 1 ] || parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 once_ran_with=""  # tests marked `once` run with the first version only (tests/conftest.py)
 for version in ${VLLM_VERSIONS:-0.32.0 0.26.0}; do
   bash scripts/setup.sh "$version"

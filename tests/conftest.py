@@ -52,11 +52,22 @@ STRESSED = {**ENGINE_KWARGS, "max_model_len": 512, "enable_chunked_prefill": Tru
             "max_num_batched_tokens": 64, "kv_cache_memory_bytes": _KV_BYTES_1024_TOKENS}
 
 
+#: The test files that start the most engines (by ``--durations``), slowest first: they
+#: are collected first, so that with one file per process (scripts/test.sh: pytest-xdist,
+#: ``--dist loadfile --no-loadscope-reorder``) the processes finish together instead of
+#: one running a slow file alone at the end.
+SLOWEST_FILES = ("test_mtad.py", "test_tree_check.py", "test_greedy_qwen2.py", "test_tree.py",
+                 "test_server.py", "test_greedy_exact.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``once`` are skipped where scripts/test.sh has already run them with
+    """The slowest files first (``SLOWEST_FILES``; the order within a file stays). Tests
+    marked ``once`` are skipped where scripts/test.sh has already run them with
     another vLLM version (it names that version in LOOKAHEAD_ONCE_TESTS_RAN_WITH): what
     they check does not change with vLLM's version, or (the torch.compile test) costs a
     minute an engine and is covered on the GPU host's version by gpu_validate.sh."""
+    rank = {name: position for position, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FILES)))
     ran_with = os.environ.get("LOOKAHEAD_ONCE_TESTS_RAN_WITH")
     if not ran_with:
         return
