@@ -101,19 +101,18 @@ def start_state(llm, proposer: dict | None) -> dict:
     self-check."""
     from vllm_lookahead.worker.scratch import blocks_in_use
 
-    def blocks(worker) -> tuple[int, int]:
-        return worker.model_runner.kv_cache_config.num_blocks, len(blocks_in_use(worker))
-
-    def passes(worker) -> dict | None:
+    def read(worker) -> tuple[int, int, dict | None]:
         cost = getattr(getattr(worker.model_runner, "drafter", None), "start_cost", None)
-        return None if cost is None else {"sizes": list(cost.sizes),
-                                          "seconds": list(cost.size_seconds)}
+        passes = None if cost is None else {"sizes": list(cost.sizes),
+                                            "seconds": list(cost.size_seconds)}
+        return (worker.model_runner.kv_cache_config.num_blocks, len(blocks_in_use(worker)),
+                passes)
 
-    total, held = llm.collective_rpc(blocks)[0]
+    total, held, passes = llm.collective_rpc(read)[0]
     state = {"kv_blocks": total, "held_blocks": held}
     if proposer is not None and "start_free_tokens" in proposer:
         state.update(start_free_tokens=proposer["start_free_tokens"],
-                     tree_check=proposer["tree_check"], start_passes=llm.collective_rpc(passes)[0])
+                     tree_check=proposer["tree_check"], start_passes=passes)
     return state
 
 
