@@ -118,7 +118,8 @@ def recycle(table: RecycledTopK, capture: VerificationCapture | None,
     tokens, tree nodes included: input j's prediction is the capture's draft position
     j, the last input's is ``last_top_k`` (the position vLLM sampled from). Partial
     prefill chunks and passes the captures do not match (e.g. a warm-up run) are
-    skipped.
+    skipped. Each tensor is copied to the host once, whole, and indexed there: on a GPU
+    a gather by a list of rows would add a host-to-device copy and a kernel to each.
     """
     num_rows = len(sampled_token_ids)
     if last_top_k is None or last_top_k[0].shape[0] != num_rows:
@@ -143,9 +144,9 @@ def recycle(table: RecycledTopK, capture: VerificationCapture | None,
         last_rows.append(row)
     if positions:
         table.update(np.array(inputs, dtype=np.int64),
-                     capture.target_top_ids[positions].cpu().numpy(),
-                     capture.target_top_logprobs[positions].float().cpu().numpy())
-    last_ids, last_logprobs = last_top_k
-    table.update(np.array(last_inputs, dtype=np.int64), last_ids[last_rows].cpu().numpy(),
-                 last_logprobs[last_rows].cpu().numpy())
+                     capture.target_top_ids.cpu().numpy()[positions],
+                     capture.target_top_logprobs.float().cpu().numpy()[positions])
+    last_ids, last_logprobs = (tensor.cpu().numpy() for tensor in last_top_k)
+    table.update(np.array(last_inputs, dtype=np.int64), last_ids[last_rows],
+                 last_logprobs[last_rows])
     return len(inputs) + len(last_inputs)
