@@ -189,6 +189,29 @@ def test_a_filled_step_grows_no_trees():
     assert nodes["on"] == 0 and nodes["off"] > 0
 
 
+@pytest.mark.parametrize("recycle_top_k", ["auto", 3])
+def test_passes_verifying_filled_drafts_capture_no_top_k_for_auto_recycling(recycle_top_k):
+    """Recycling ``auto`` serves trees, and a filled step grows none: the pass that
+    verifies filled drafts skips the top-k capture (rescoring's stays); an explicit
+    ``recycle_top_k`` (a linear source) keeps it."""
+    from vllm_lookahead.lookahead.options import RECYCLE_TOP_K_WITH_TREES
+
+    proposer, runner = make_proposer(k=K, tree_candidates=2, uniform_drafts="on",
+                                     rescoring_top_k=2, recycle_top_k=recycle_top_k)
+    wanted = RECYCLE_TOP_K_WITH_TREES if recycle_top_k == "auto" else recycle_top_k
+    assert proposer.capture_last_top_k == proposer.capture_top_k == wanted
+    batch = Batch(runner, {"a": [1, 2, 3, 1, 2]})
+    assert len(batch.propose(proposer, [[2]])[0]) == K and proposer.stats.filled_steps == 1
+    paused = recycle_top_k == "auto"
+    assert proposer.capture_last_top_k == (0 if paused else wanted)
+    assert proposer.capture_top_k == (2 if paused else wanted)
+    # a prompt chunk joins: the step cannot be uniform, drafts are not filled
+    batch.set({"a": [1, 2, 3, 1, 2, 3], "b": [7, 8]})
+    batch.propose(proposer, [[3], []])
+    assert proposer.stats.filled_steps == 1
+    assert proposer.capture_last_top_k == proposer.capture_top_k == wanted
+
+
 def test_proposer_without_graphs_drafts_as_before():
     drafts = []
     for mode in ("auto", "off"):  # auto on a runner without graphs (CPU)

@@ -16,6 +16,35 @@ from vllm_lookahead.tree import path_by_tokens
 from vllm_lookahead.worker.hooks import VerificationCapture
 
 
+class _OnHost:
+    """A capture tensor, copied to the host when first read and then kept."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, host: HostCapture, owner: type | None = None) -> np.ndarray:
+        array = getattr(host.capture, self.name).cpu().numpy()
+        host.__dict__[self.name] = array  # found before this descriptor from now on
+        return array
+
+
+class HostCapture:
+    """A verification capture whose tensors are each copied to the host once, whole,
+    when first read: the harvest and recycling read the same draft tokens, and on a GPU
+    every copy waits for the device."""
+
+    draft_token_ids = _OnHost()
+    target_argmax = _OnHost()
+    bonus_token_ids = _OnHost()
+    target_top_ids = _OnHost()
+    target_top_logprobs = _OnHost()  # float32 (``sampler.top_k_logprobs``)
+
+    def __init__(self, capture: VerificationCapture):
+        self.capture = capture
+        self.num_draft_tokens = capture.num_draft_tokens
+        self.has_top_k = capture.target_top_ids is not None
+
+
 @dataclass
 class Verified:
     """One row of a verification pass: the draft, the target's argmax after each input
@@ -39,7 +68,7 @@ class Verified:
                 [column[:top_k] for column in self.top_logprobs[accepted + 1 :]])
 
 
-def verified_rows(capture: VerificationCapture | None, num_rows: int,
+def verified_rows(capture: HostCapture | None, num_rows: int,
                   with_top_k: bool = False) -> dict[int, Verified]:
     """The capture's rows that verified a draft, by input-batch row (``with_top_k``:
     with the captured top-k)."""
@@ -49,7 +78,7 @@ def verified_rows(capture: VerificationCapture | None, num_rows: int,
     argmax = capture.target_argmax.tolist()
     bonus = capture.bonus_token_ids.tolist()
     top_ids = top_logprobs = None
-    if with_top_k and capture.target_top_ids is not None:
+    if with_top_k and capture.has_top_k:
         top_ids = capture.target_top_ids.tolist()
         top_logprobs = capture.target_top_logprobs.tolist()
     rows, offset = {}, 0
@@ -107,7 +136,7 @@ def harvest(state: RequestState, verified: Verified, accepted: int, ngram_size: 
     return harvested
 
 
-def recycle(table: RecycledTopK, capture: VerificationCapture | None,
+def recycle(table: RecycledTopK, capture: HostCapture | None,
             last_top_k: tuple[torch.Tensor, torch.Tensor] | None,
             sampled_token_ids: list[list[int]], num_tokens: np.ndarray,
             token_ids_cpu: np.ndarray) -> int:
@@ -118,18 +147,18 @@ def recycle(table: RecycledTopK, capture: VerificationCapture | None,
     tokens, tree nodes included: input j's prediction is the capture's draft position
     j, the last input's is ``last_top_k`` (the position vLLM sampled from). Partial
     prefill chunks and passes the captures do not match (e.g. a warm-up run) are
-    skipped. Each tensor is copied to the host once, whole, and indexed there: on a GPU
-    a gather by a list of rows would add a host-to-device copy and a kernel to each.
+    skipped. Tensors are indexed on the host (``HostCapture``): on a GPU a gather by a
+    list of rows would add a host-to-device copy and a kernel to each.
     """
     num_rows = len(sampled_token_ids)
     if last_top_k is None or last_top_k[0].shape[0] != num_rows:
         return 0
     drafted = [0] * num_rows
     if capture is not None:
-        if len(capture.num_draft_tokens) != num_rows or capture.target_top_ids is None:
+        if len(capture.num_draft_tokens) != num_rows or not capture.has_top_k:
             return 0
         drafted = capture.num_draft_tokens
-        draft_tokens = capture.draft_token_ids.cpu().numpy()
+        draft_tokens = capture.draft_token_ids
     offsets = np.cumsum([0, *drafted])
     inputs, positions, last_inputs, last_rows = [], [], [], []
     for row, emitted in enumerate(sampled_token_ids):
@@ -143,9 +172,8 @@ def recycle(table: RecycledTopK, capture: VerificationCapture | None,
         last_inputs.append(row_inputs[-1])
         last_rows.append(row)
     if positions:
-        table.update(np.array(inputs, dtype=np.int64),
-                     capture.target_top_ids.cpu().numpy()[positions],
-                     capture.target_top_logprobs.float().cpu().numpy()[positions])
+        table.update(np.array(inputs, dtype=np.int64), capture.target_top_ids[positions],
+                     capture.target_top_logprobs[positions])
     last_ids, last_logprobs = (tensor.cpu().numpy() for tensor in last_top_k)
     table.update(np.array(last_inputs, dtype=np.int64), last_ids[last_rows],
                  last_logprobs[last_rows])

@@ -115,8 +115,9 @@ class LookaheadOptions(MethodOptions):
         "stays at or above draft_min_prob; where trees are on, also tree branches. `auto`: "
         f"{RECYCLE_TOP_K_WITH_TREES} where trees are on, else 0 (the capture is a top-k over "
         "the vocabulary at every verified position; as a linear source alone it earned "
-        "0-2 % of the accepted tokens on a small CPU, about what it costs there); 0 turns "
-        "it off.",
+        "0-2 % of the accepted tokens on a small CPU, about what it costs there), and no "
+        "capture in a pass that verifies drafts filled to K (uniform_drafts), which grow "
+        "no trees; 0 turns it off.",
         auto=True,
     )
     uniform_drafts: str = option_field(
