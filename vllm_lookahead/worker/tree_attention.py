@@ -90,6 +90,15 @@ class TreeStep:
     # per layer: (impl, layer, kv cache, keys and values of write_tokens)
     kept_kv: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=list)
+    _writes_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def writes_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``write_tokens`` and ``write_slots`` on ``device``: every layer writes the same
+        paths, so they are copied there once a step, not twice a layer."""
+        if self._writes_on_device is None or self._writes_on_device[0].device != device:
+            self._writes_on_device = (self.write_tokens.to(device),
+                                      self.write_slots.to(device))
+        return self._writes_on_device
 
 
 def runs_of(parents: np.ndarray) -> list[tuple[int, int]]:
@@ -277,20 +286,19 @@ def prepare_layer(impl: Any, layer: Any, key: torch.Tensor, value: torch.Tensor,
     if not step.metadata_rewritten:
         raise RuntimeError("vllm-lookahead: a tree step reached attention without its "
                            "branch metadata (the metadata builder was not wrapped)")
-    tokens = step.write_tokens.to(key.device)
+    tokens, slots = step.writes_on(key.device)
     keys, values = key[tokens], value[tokens]
-    impl.do_kv_cache_update(layer, keys, values, kv_cache, step.write_slots.to(key.device))
+    impl.do_kv_cache_update(layer, keys, values, kv_cache, slots)
     step.kept_kv.append((impl, layer, kv_cache, keys, values))
 
 
 def move_accepted_kv(step: TreeStep, tokens: list[int], slots: list[int]) -> None:
     """Write the kept keys and values of the nodes at step token indices ``tokens``
     (off the first chain) to ``slots`` in every layer's cache."""
-    if not tokens:
+    if not tokens or not step.kept_kv:
         return
-    index = torch.tensor([step.kept_index[token] for token in tokens])
-    targets = torch.tensor(slots, dtype=torch.int64)
+    device = step.kept_kv[0][3].device  # copied there once, not three times a layer
+    index = torch.tensor([step.kept_index[token] for token in tokens]).to(device)
+    targets = torch.tensor(slots, dtype=torch.int64).to(device)
     for impl, layer, kv_cache, keys, values in step.kept_kv:
-        impl.do_kv_cache_update(layer, keys[index.to(keys.device)],
-                                values[index.to(keys.device)], kv_cache,
-                                targets.to(keys.device))
+        impl.do_kv_cache_update(layer, keys[index], values[index], kv_cache, targets)
