@@ -96,7 +96,8 @@ def _two_requests():
     branches = tree_attention.plan_branches(1, PARENTS, 2, 6, BLOCK, free)
     tree = tree_attention.TreeRow(parents=PARENTS, first_token=2,
                                   slots=np.arange(4 * BLOCK + 2, 4 * BLOCK + 9))
-    step = tree_attention.make_step({1: tree}, branches, np.array(tables), {1: 6}, BLOCK)
+    step = tree_attention.make_step({1: tree}, branches, np.array(tables), {1: 6}, BLOCK,
+                                     torch.device("cpu"))
     return common, step
 
 

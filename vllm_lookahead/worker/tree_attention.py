@@ -82,6 +82,7 @@ class TreeStep:
     branches: list[Branch]
     copy_from: torch.Tensor  # root blocks to copy into ...
     copy_to: torch.Tensor  # ... each branch's first scratch block
+    # on the model's device: every layer writes the same paths
     write_tokens: torch.Tensor  # step token indices written to scratch ...
     write_slots: torch.Tensor  # ... at these slots
     # step token index of each node off the first chains -> its index in write_tokens
@@ -90,15 +91,6 @@ class TreeStep:
     # per layer: (impl, layer, kv cache, keys and values of write_tokens)
     kept_kv: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=list)
-    _writes_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def writes_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``write_tokens`` and ``write_slots`` on ``device``: every layer writes the same
-        paths, so they are copied there once a step, not twice a layer."""
-        if self._writes_on_device is None or self._writes_on_device[0].device != device:
-            self._writes_on_device = (self.write_tokens.to(device),
-                                      self.write_slots.to(device))
-        return self._writes_on_device
 
 
 def runs_of(parents: np.ndarray) -> list[tuple[int, int]]:
@@ -143,9 +135,10 @@ def plan_branches(row: int, parents: np.ndarray, first_token: int, prefix: int,
 
 
 def make_step(rows: dict[int, TreeRow], branches: list[Branch], block_tables: np.ndarray,
-              prefixes: dict[int, int], block_size: int) -> TreeStep:
+              prefixes: dict[int, int], block_size: int, device: torch.device) -> TreeStep:
     """The per-step tensors. ``block_tables[row]``: the request's block ids;
-    ``prefixes[row]``: its tokens before the root."""
+    ``prefixes[row]``: its tokens before the root; ``device``: the model's, where the
+    path writes go (copied once a step, not once a layer)."""
     copies = [(int(block_tables[b.row, b.root_block]), b.scratch[0]) for b in branches
               if prefixes[b.row] % block_size]  # a root opening its block: nothing before it
     copy_from, copy_to = (np.array(pair, dtype=np.int64) for pair in zip(*copies)) if copies \
@@ -160,8 +153,10 @@ def make_step(rows: dict[int, TreeRow], branches: list[Branch], block_tables: np
     return TreeStep(
         rows=rows, branches=branches,
         copy_from=torch.from_numpy(copy_from), copy_to=torch.from_numpy(copy_to),
-        write_tokens=torch.from_numpy(np.concatenate([b.path_tokens for b in branches] or [empty])),
-        write_slots=torch.from_numpy(np.concatenate([b.path_slots for b in branches] or [empty])),
+        write_tokens=torch.from_numpy(
+            np.concatenate([b.path_tokens for b in branches] or [empty])).to(device),
+        write_slots=torch.from_numpy(
+            np.concatenate([b.path_slots for b in branches] or [empty])).to(device),
         kept_index=kept_index,
     )
 
@@ -286,18 +281,17 @@ def prepare_layer(impl: Any, layer: Any, key: torch.Tensor, value: torch.Tensor,
     if not step.metadata_rewritten:
         raise RuntimeError("vllm-lookahead: a tree step reached attention without its "
                            "branch metadata (the metadata builder was not wrapped)")
-    tokens, slots = step.writes_on(key.device)
-    keys, values = key[tokens], value[tokens]
-    impl.do_kv_cache_update(layer, keys, values, kv_cache, slots)
+    keys, values = key[step.write_tokens], value[step.write_tokens]
+    impl.do_kv_cache_update(layer, keys, values, kv_cache, step.write_slots)
     step.kept_kv.append((impl, layer, kv_cache, keys, values))
 
 
 def move_accepted_kv(step: TreeStep, tokens: list[int], slots: list[int]) -> None:
     """Write the kept keys and values of the nodes at step token indices ``tokens``
     (off the first chain) to ``slots`` in every layer's cache."""
-    if not tokens or not step.kept_kv:
+    if not tokens:
         return
-    device = step.kept_kv[0][3].device  # copied there once, not three times a layer
+    device = step.write_tokens.device  # copied there once, not three times a layer
     index = torch.tensor([step.kept_index[token] for token in tokens]).to(device)
     targets = torch.tensor(slots, dtype=torch.int64).to(device)
     for impl, layer, kv_cache, keys, values in step.kept_kv:

@@ -149,9 +149,9 @@ def start_step(runner: Any, rows: dict[int, tree_attention.TreeRow],
                prefixes: dict[int, int]) -> tree_attention.TreeStep:
     """The step's tensors, with each branch's root block copied into its first scratch
     block in every layer (before the forward)."""
-    step = tree_attention.make_step(rows, branches, block_tables, prefixes,
-                                    kv_block_size(runner))
     caches, dim = layer_caches(runner)
+    step = tree_attention.make_step(rows, branches, block_tables, prefixes,
+                                    kv_block_size(runner), caches[0].device)
     tree_attention.copy_root_blocks(caches, dim, step)
     return step
 
