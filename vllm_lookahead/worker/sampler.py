@@ -29,7 +29,10 @@ _acceptance_rule: AcceptanceRule | None = None
 def install() -> None:
     from vllm.v1.sample import rejection_sampler
 
+    from vllm_lookahead.worker import cpu_top_p
+
     _patching.wrap(rejection_sampler, "rejection_sample", _hooked_rejection_sample)
+    cpu_top_p.install()
     if cpu_expand_is_broken():
         _patching.replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
         logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
