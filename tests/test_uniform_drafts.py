@@ -18,6 +18,7 @@ from vllm_lookahead.lookahead.uniform_drafts import (
     UniformDrafts,
     fill_draft,
 )
+from vllm_lookahead.metrics import ACCEPTED_SOURCES
 from vllm_lookahead.worker.runner import uniform_graph_requests
 
 K = 4
@@ -187,6 +188,35 @@ def test_a_filled_step_grows_no_trees():
         assert (proposer.stats.filled_steps, len(draft) == 12) == \
             ((1, True) if mode == "on" else (0, False))
     assert nodes["on"] == 0 and nodes["off"] > 0
+
+
+def test_a_filled_step_after_a_tree_step_is_read_as_the_filled_draft():
+    """A step's tree ends with it: the next step's filled draft is what its pass
+    verifies, so its accepted tokens count by the filled draft's sources, none as tree
+    nodes (an H200 run alternating the two counted half its accepted tokens)."""
+    from vllm import SamplingParams
+
+    context = [5, 1, 2, 5, 1, 3, 5, 1, 4, 9]
+    proposer, runner = make_proposer(k=12, ngram_size=3, tree_candidates=2, tree_window=2,
+                                     cost_aware_drafts=False, draft_min_prob=0.3,
+                                     uniform_drafts="on")
+    fill = [False]
+    proposer._uniform.wanted = lambda *args: fill[0]
+    batch = Batch(runner, {"a": context})
+    runner.requests["a"] = SimpleNamespace(sampling_params=SamplingParams(temperature=0))
+    batch.propose(proposer, [[9]])
+    assert proposer.stats.tree_nodes > 0
+    context += [7]  # no node accepted
+    batch.set({"a": context})
+    fill[0] = True
+    draft, = batch.propose(proposer, [[7]])
+    assert len(draft) == 12 and proposer.stats.filled_steps == 1
+    emitted = [*draft[:2], 8]  # two accepted, a bonus token
+    batch.set({"a": context + emitted})
+    batch.propose(proposer, [emitted])
+    counted = {source: getattr(proposer.stats, field)
+               for source, field in ACCEPTED_SOURCES.items()}
+    assert sum(counted.values()) == 2 and counted["tree"] == 0
 
 
 @pytest.mark.parametrize("recycle_top_k", ["auto", 3])

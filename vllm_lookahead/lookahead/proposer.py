@@ -388,8 +388,9 @@ class LookaheadProposer:
                                         first_estimates[b])
             self._stats.free_tokens = math.inf if free_tokens is None else free_tokens
             self._cut_log.maybe_log(self._stats, self.cost_model)
-        for row, draft in zip(rows, main):
+        for row, draft, state in zip(rows, main, states):
             drafts[row] = list(draft.tokens)
+            state.tree, state.window_columns = None, []  # linear unless grown below
         # a step with trees runs eagerly: where filling won, its graph beat them too
         # (the tree steps were among the other steps it was timed against)
         tree_nodes = trees.grow_trees(

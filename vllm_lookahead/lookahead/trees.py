@@ -48,7 +48,8 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
                tree_yields: list[TreeYield], options: LookaheadOptions, max_model_len: int,
                recycled: RecycledTopK | None) -> int:
     """Turn each main draft (in ``drafts``, by row, replaced) into a token tree; returns
-    the nodes added. Each request gets at most its K nodes. Trees are built only while
+    the nodes added (the caller has reset every state's tree: one step's tree never
+    outlives it). Each request gets at most its K nodes. Trees are built only while
     they pay: a tree node must yield (accepted tokens off the main drafts per node,
     measured on this worker for the request's sampling class) at least what a draft
     token of its cost earns the step; on a GPU, where the cost model finds extra tokens
@@ -69,7 +70,6 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
     spare = math.inf if len(rows) == 1 else free - step_tokens  # in linear tokens
     nodes_added = 0
     for b, (row, state) in enumerate(zip(rows, states)):
-        state.tree, state.window_columns = None, []
         state.passes_without_tree += 1
         if not pays[state.sampling_class] and state.passes_without_tree < TREE_PROBE_INTERVAL:
             continue
