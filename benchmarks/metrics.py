@@ -115,7 +115,8 @@ def _row(m: dict, group: str, requests: list[dict]) -> dict:
         **acceptance(counters),
         **latency_stats(requests),
         **_proposer(m if whole else None),
-        "accepted_share_by_source": _accepted_shares(m if whole else None),
+        "accepted_share_by_source": _accepted_shares(m if whole else None,
+                                                     counters.accepted if counters else 0),
     }
 
 
@@ -169,11 +170,19 @@ def _proposer(m: dict | None) -> dict:
             "proposer_share": per_step / mean_step}
 
 
-def _accepted_shares(m: dict | None) -> dict[str, float] | None:
-    """Lookahead's accepted draft tokens by source, as shares of all of them."""
+def _accepted_shares(m: dict | None, accepted: int) -> dict[str, float] | None:
+    """Lookahead's accepted draft tokens by source, as shares of vLLM's count of accepted
+    draft tokens; what the sources do not add up to is ``uncounted`` (a proposer that
+    misreads its verifications shows here; the server's lagging /metrics too)."""
     by_source = ((m and m.get("proposer")) or {}).get("accepted_by_source")
-    total = sum(by_source.values()) if by_source else 0
-    return {source: count / total for source, count in by_source.items()} if total else None
+    counted = sum(by_source.values()) if by_source else 0
+    if not counted:
+        return None
+    total = accepted or counted
+    shares = {source: count / total for source, count in by_source.items()}
+    if counted != total:
+        shares["uncounted"] = (total - counted) / total
+    return shares
 
 
 def equality(requests: list[dict], reference: dict[tuple[str, int], list[int]]) -> dict:

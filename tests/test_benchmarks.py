@@ -339,6 +339,11 @@ def test_summary_rows_speedup_compression_and_acceptance():
     assert overall["proposer_share"] == pytest.approx(0.01)
     assert overall["accepted_share_by_source"] == {"context": 0.75, "pool": 0.25, "tree": 0.0}
     assert rows[("x", "qa")]["accepted_share_by_source"] is None  # whole measurements only
+    # shares are of vLLM's accepted tokens: what the sources miss shows as uncounted
+    fast["proposer"]["accepted_by_source"] = {"context": 1, "pool": 1, "tree": 0}
+    rows = {(r["method"], r["group"]): r for r in metrics.summarize([base, fast])}
+    assert rows[("x", "all")]["accepted_share_by_source"] == {
+        "context": 0.25, "pool": 0.25, "tree": 0.0, "uncounted": 0.5}
     assert rows[("x", "qa")]["speedup"] == pytest.approx(4.0)
     assert rows[("x", "rag")]["mean_acceptance_length"] == pytest.approx(1.0)
     assert rows[("none", "all")]["compression"] == 1.0
