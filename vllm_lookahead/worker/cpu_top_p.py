@@ -1,16 +1,17 @@
 """Top-p on CPU from the largest logits, not a sort of the vocabulary.
 
-On CPU, vLLM applies top-p (with or without top-k) by sorting every row of logits:
-on 2 cores 6.4 ms for one row of a 49k vocabulary and 20.7 ms for Qwen2.5's 152k (about
-half that a row in batches of 4 to 8), more than the model's own cost of a verified token. A speculative step samples one row per
-draft token and the bonus token, so under top-p the sort made each draft token cost
-more than the forward pass did. The nucleus rarely holds more than a few dozen tokens:
-the largest ``CANDIDATES`` logits of a row (a partial selection) decide it whenever
-they hold at least p of the probability, or contain the top-k cut. Rows they do not
-decide, and rows without top-p, go to vLLM's own function. The rule is vLLM's: a
-token is kept if the probability of the tokens above it in the sorted row is below p,
-among the top-k tokens (ties at the k-th value kept) renormalized; the sums run from
-the top instead of from the bottom, so they differ from vLLM's only in float rounding.
+On CPU, vLLM applies top-p (with or without top-k) by sorting every row of logits: on 2
+cores 6.4 ms for one row of a 49k vocabulary and 20.7 ms for Qwen2.5's 152k (about half
+that a row in batches of 4 to 8), more than the model's own cost of a verified token. A
+speculative step samples one row per draft token and the bonus token, so under top-p the
+sort made each draft token cost more than the forward pass did. The nucleus rarely holds
+more than a few dozen tokens: the largest ``CANDIDATES`` logits of a row (a partial
+selection) decide it whenever they hold at least p of the probability, or contain the
+top-k cut. Rows they do not decide, and rows without top-p, go to vLLM's own function.
+The rule is vLLM's: a token is kept if the probability of the tokens above it in the
+sorted row is below p, among the top-k tokens (ties at the k-th value kept)
+renormalized; the sums run from the top instead of from the bottom, so they differ from
+vLLM's only in float rounding.
 Installed in every engine on CPU, whatever its speculative method (none included).
 
 | vLLM attribute | patch | why | verified on |
