@@ -18,6 +18,16 @@ verification will accept (known here, never in an engine): the same S with no dr
 token wasted, the ceiling of what any acceptance estimate and cut can make of that
 method's drafts.
 
+The method ``copy-oracle`` (replay only) is the ceiling of drafts copied after the
+longest match of the context's suffix: each step it finds the longest suffix of the
+context (up to 16 tokens, the last token at least) that the request's prompt and output
+so far, or the outputs of the requests replayed before it, repeat, reads the output
+ahead and, of that suffix's occurrences, copies the continuation that verification
+will accept furthest. A drafter that copies one continuation of the longest match
+(ngram, suffix, lookahead's context and corpus matches) chooses among the same
+occurrences without knowing the output; drafts chained from several spans, such as
+lookahead's pool and its Jacobi predictions, are outside it.
+
     python -m benchmarks.replay record --model smollm2-135m --num-prompts 20 -o trace.json
     python -m benchmarks.replay run trace.json --methods ngram,suffix,lookahead \
         --method-config lookahead-n5='{"method": "lookahead", "ngram_size": 5}'
@@ -37,14 +47,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import numba
 import numpy as np
 
+from benchmarks.methods import DEFAULT_METHODS, Method, with_overrides
 from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 MAX_MODEL_LEN = 8192
 #: Vocabulary size given to lookahead's recycled top-k table: larger than any traced
 #: tokenizer's (a replay has no target predictions, so the table stays empty).
 REPLAY_VOCAB_SIZE = 1 << 18
+#: Longest context suffix the copy oracle matches (lookahead's ``suffix_match_max``).
+COPY_ORACLE_MAX_MATCH = 16
 
 
 @dataclass
@@ -146,6 +160,9 @@ class Replayer:
         n = int(self.num_tokens[0])
         self.tokens[0, n : n + len(tokens)] = tokens
         self.num_tokens[0] = n + len(tokens)
+
+    def see_output(self, output: list[int]) -> None:
+        """The request's whole output, given before it starts: only oracles look."""
 
     def propose(self, request_id: str, sampled: list[int]) -> list[int]:
         raise NotImplementedError
@@ -251,7 +268,70 @@ class SuffixReplayer(Replayer):
         self.cache.stop_request(request_id)
 
 
-REPLAYERS = {"lookahead": LookaheadReplayer, "ngram": NgramReplayer, "suffix": SuffixReplayer}
+class CopyOracleReplayer(Replayer):
+    """``copy-oracle``: the best copy of an earlier span, chosen knowing the output
+    (the module's docstring)."""
+
+    def __init__(self, spec: dict):
+        super().__init__(spec)
+        self.future = np.zeros(0, dtype=np.int32)
+        self.output_start = 0
+        #: the outputs of the requests replayed before, each followed by a separator
+        self.earlier_outputs = np.zeros(0, dtype=np.int32)
+
+    def start(self, request_id, prompt):
+        super().start(request_id, prompt)
+        self.output_start = len(prompt)
+
+    def see_output(self, output):
+        self.future = np.asarray(output, dtype=np.int32)
+
+    def propose(self, request_id, sampled):
+        n = int(self.num_tokens[0])
+        truth = self.future[n - self.output_start : n - self.output_start + self.k]
+        suffix = self.tokens[0, max(0, n - COPY_ORACLE_MAX_MATCH) : n]
+        copies = [(best_copy(text, size, suffix, truth), text) for text, size in (
+            (self.tokens[0], n), (self.earlier_outputs, len(self.earlier_outputs)))]
+        (_, start, length), text = max(copies, key=lambda copy: (copy[0][0], copy[0][2]))
+        return text[start : start + length].tolist()
+
+    def finish(self, request_id):
+        output = self.tokens[0, self.output_start : int(self.num_tokens[0])]
+        self.earlier_outputs = np.concatenate([self.earlier_outputs, output, [-1]]).astype(np.int32)
+
+
+@numba.njit(cache=True, nogil=True)
+def best_copy(text, size, suffix, truth):
+    """(match length, start, length) of the best copy in ``text[:size]``: among the
+    occurrences of the longest suffix of ``suffix`` (its last token at least) that
+    ``text[: size - 1]`` repeats, the one whose continuation ``text[start : start +
+    length]`` (within ``text[:size]``) equals the longest prefix of ``truth`` (ties:
+    the latest); length 0 where none equals even its first token. A negative token
+    separates texts."""
+    best_match, best_start, best_length = 0, 0, 0
+    last = suffix.shape[0] - 1
+    for end in range(size - 2, -1, -1):
+        if text[end] != suffix[last]:
+            continue
+        match = 1
+        while match <= last and end - match >= 0 and text[end - match] == suffix[last - match]:
+            match += 1
+        if match < best_match:
+            continue
+        length = 0
+        while (length < truth.shape[0] and end + 1 + length < size
+               and text[end + 1 + length] == truth[length]):
+            length += 1
+        if match > best_match or length > best_length:
+            best_match, best_start, best_length = match, end + 1, length
+    return best_match, best_start, best_length
+
+
+REPLAYERS = {"lookahead": LookaheadReplayer, "ngram": NgramReplayer, "suffix": SuffixReplayer,
+             "copy-oracle": CopyOracleReplayer}
+#: Methods only a replay can run (they read the output ahead), for ``--methods``.
+REPLAY_ONLY_METHODS = {"copy-oracle": Method("copy-oracle", {"method": "copy-oracle",
+                                                             "num_speculative_tokens": 24})}
 
 
 def replay(make_replayer: Callable[[], Replayer], trace: list[Request],
@@ -274,6 +354,7 @@ def replay(make_replayer: Callable[[], Replayer], trace: list[Request],
             if step_cost is not None:
                 replayer.use_clock(clock)
         request_id = f"replay-{index}"
+        replayer.see_output(request.output)
         replayer.start(request_id, request.prompt)
         output, done, passes, drafted = request.output, 1, 1, 0
         replayer.append(output[:1])
@@ -324,8 +405,6 @@ def summarize(trace: list[Request], results: list[tuple[int, int, int, float]]
 
 
 def main() -> None:
-    from benchmarks.methods import DEFAULT_METHODS, with_overrides
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record")
@@ -355,7 +434,7 @@ def main() -> None:
         Path(args.output).write_text(json.dumps(trace))
         return
     trace = [Request(**row) for row in json.loads(Path(args.trace).read_text())]
-    methods = with_overrides(DEFAULT_METHODS, args.method_config)
+    methods = with_overrides({**DEFAULT_METHODS, **REPLAY_ONLY_METHODS}, args.method_config)
     names = args.methods.split(",") + [c.partition("=")[0] for c in args.method_config]
     specs = {name: methods[name].config for name in dict.fromkeys(names)}
     table = []

@@ -8,6 +8,7 @@ import sys
 import types
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from benchmarks import datasets, methods, metrics, report
@@ -546,6 +547,32 @@ def test_replay_oracle_cut_keeps_s_and_verifies_only_accepted_tokens():
     accepted = tokens - passes  # every pass yields one token more than it accepts
     assert drafted == 4 * (passes - 1) and drafted_2 == accepted
     assert seconds_2 == pytest.approx(seconds - 0.001 * (drafted - drafted_2))
+
+
+def test_copy_oracle_copies_the_best_continuation_of_the_longest_match():
+    from benchmarks.replay import best_copy
+
+    text = np.array([7, 1, 2, 3, 8, 1, 2, 4, 7, 1], dtype=np.int32)
+    # "7 1" repeats once (a continuation right for one token); "1" alone also repeats
+    # after 8, right for two: the longest match decides, then the continuation
+    assert best_copy(text, len(text), text[-2:], np.array([2, 4], np.int32)) == (2, 2, 1)
+    assert best_copy(text, len(text), text[-1:], np.array([2, 4], np.int32)) == (1, 6, 2)
+    # no continuation right: nothing to copy; a continuation stops at the text's end
+    assert best_copy(text, len(text), text[-2:], np.array([5], np.int32))[2] == 0
+    assert best_copy(text, 4, np.array([1], np.int32), np.array([2, 3, 8], np.int32)) == (
+        1, 2, 2)
+
+
+def test_replay_copy_oracle_copies_earlier_outputs_of_its_dataset():
+    from benchmarks.replay import REPLAY_ONLY_METHODS, CopyOracleReplayer, Request, replay
+
+    answer = list(range(10, 40))  # no token repeats: the first answer copies nothing
+    trace = [Request("a", "c", [1, 2], answer), Request("a", "c", [1, 2], answer)]
+    spec = REPLAY_ONLY_METHODS["copy-oracle"].config
+    first, second = replay(lambda: CopyOracleReplayer(spec), trace)
+    assert first == (30, 30, 0, 0.0)
+    # the prefill's token, then 24 copied tokens and one, then the last 4 copied
+    assert second == (30, 3, 28, 0.0)
 
 
 def test_replay_step_cost_option_names_its_format():
