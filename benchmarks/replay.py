@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-import numba
 import numpy as np
 
 from benchmarks.methods import DEFAULT_METHODS, Method, with_overrides
@@ -300,31 +299,31 @@ class CopyOracleReplayer(Replayer):
         self.earlier_outputs = np.concatenate([self.earlier_outputs, output, [-1]]).astype(np.int32)
 
 
-@numba.njit(cache=True, nogil=True)
-def best_copy(text, size, suffix, truth):
+def best_copy(text: np.ndarray, size: int, suffix: np.ndarray, truth: np.ndarray
+              ) -> tuple[int, int, int]:
     """(match length, start, length) of the best copy in ``text[:size]``: among the
     occurrences of the longest suffix of ``suffix`` (its last token at least) that
     ``text[: size - 1]`` repeats, the one whose continuation ``text[start : start +
     length]`` (within ``text[:size]``) equals the longest prefix of ``truth`` (ties:
     the latest); length 0 where none equals even its first token. A negative token
     separates texts."""
-    best_match, best_start, best_length = 0, 0, 0
-    last = suffix.shape[0] - 1
-    for end in range(size - 2, -1, -1):
-        if text[end] != suffix[last]:
-            continue
-        match = 1
-        while match <= last and end - match >= 0 and text[end - match] == suffix[last - match]:
-            match += 1
-        if match < best_match:
-            continue
-        length = 0
-        while (length < truth.shape[0] and end + 1 + length < size
-               and text[end + 1 + length] == truth[length]):
-            length += 1
-        if match > best_match or length > best_length:
-            best_match, best_start, best_length = match, end + 1, length
-    return best_match, best_start, best_length
+    ends = np.flatnonzero(text[: max(size - 1, 0)] == suffix[-1])
+    if not len(ends):
+        return 0, 0, 0
+    match = _run_lengths(text, ends[:, None] - np.arange(1, len(suffix)), suffix[-2::-1], 0) + 1
+    ends = ends[match == match.max()]
+    agree = _run_lengths(text, ends[:, None] + 1 + np.arange(len(truth)), truth, size)
+    best = len(agree) - 1 - int(np.argmax(agree[::-1]))  # the latest of the longest
+    return int(match.max()), int(ends[best]) + 1, int(agree[best])
+
+
+def _run_lengths(text: np.ndarray, positions: np.ndarray, wanted: np.ndarray,
+                 limit: int) -> np.ndarray:
+    """Per row of ``positions``: how many leading positions hold ``wanted``'s tokens (a
+    position outside ``text[:limit]``, or ``text`` for ``limit`` 0, ends the run)."""
+    inside = (positions >= 0) & (positions < (limit or len(text)))
+    equal = inside & (text[np.clip(positions, 0, len(text) - 1)] == wanted)
+    return np.cumprod(equal, axis=1).sum(axis=1)
 
 
 REPLAYERS = {"lookahead": LookaheadReplayer, "ngram": NgramReplayer, "suffix": SuffixReplayer,
