@@ -31,6 +31,7 @@ from vllm_lookahead.lookahead.sources.support import (
 )
 from vllm_lookahead.lookahead.state import DRAFT_LIMIT_MARGIN, RequestState
 from vllm_lookahead.lookahead.step_cost import MIN_SAMPLES
+from vllm_lookahead.metrics import ACCEPTED_SOURCES
 from vllm_lookahead.options import ADDITIONAL_CONFIG_KEY
 from vllm_lookahead.worker.start_cost import StartCost
 from vllm_lookahead.worker.runner import is_decode_only
@@ -752,6 +753,34 @@ def test_tree_drafts_hang_pool_candidates_and_the_window_below_the_main_draft():
     after = proposer.stats
     assert after.tree_accepted - before.tree_accepted == 1
     assert after.harvested_ngrams - before.harvested_ngrams >= 2  # one per window column
+
+
+def test_a_tree_verified_linearly_for_want_of_scratch_blocks_is_read_as_that_draft():
+    """Out of scratch blocks, the worker verifies a tree's nodes in order as a linear
+    draft: the proposer reads that pass against those nodes (its harvest included), not
+    against the main draft alone, nor as a tree."""
+    from vllm import SamplingParams
+
+    proposer, runner = make_proposer(k=12, ngram_size=3, tree_candidates=2, tree_window=2,
+                                     cost_aware_drafts=False, draft_min_prob=0.3)
+    context = [5, 1, 2, 5, 1, 3, 5, 1, 4, 4, 8, 8, 4, 7, 7, 6, 5]
+    batch = Batch(runner, {"a": context})
+    runner.requests["a"] = SimpleNamespace(sampling_params=SamplingParams(temperature=0))
+    draft, = batch.propose(proposer, [[5]])
+    main = proposer.states.get("a").draft
+    assert len(draft) > len(main) + 2 and proposer.draft_tree("a", draft) is not None
+    proposer.on_tree_planned("a", None)
+    assert proposer.draft_tree("a", draft) is None and proposer.stats.tree_fallbacks == 1
+    # the target accepts the main draft and the first node after it, then disagrees
+    predictions = [*draft[: len(main) + 1], 0, *[1] * (len(draft) - len(main) - 2)]
+    proposer.on_verification(capture([draft], [predictions], [9]))
+    emitted = [*draft[: len(main) + 1], 0]
+    batch.set({"a": context + emitted})
+    batch.propose(proposer, [emitted])
+    stats = proposer.stats
+    assert stats.tree_accepted == 0 and stats.harvested_ngrams > 0
+    counted = sum(getattr(stats, field) for field in ACCEPTED_SOURCES.values())
+    assert counted == len(main)  # the node past the main draft: by no source
 
 
 def test_recycled_top_k_grows_below_the_root_best_first():

@@ -231,14 +231,17 @@ class LookaheadProposer:
 
     def on_tree_planned(self, req_id: str, branches: int | None) -> None:
         """The worker split the request's tree into ``branches`` extra attention
-        sequences, or (None) found no scratch blocks left and verifies it as a linear
-        draft: then it is one for the proposer too."""
+        sequences, or (None) found no scratch blocks left and verifies its nodes, in
+        order, as a linear draft: then they are one for the proposer too (its harvest
+        reads the predictions along them; accepted nodes past the main draft count by no
+        source)."""
         if branches is not None:
             self._stats.tree_branches += branches
             return
         self._stats.tree_fallbacks += 1
         state = self._states.get(req_id)
-        if state is not None:
+        if state is not None and state.tree is not None:
+            state.draft = state.tree[0][1:]
             state.tree, state.window_columns = None, []
 
     # -- the step --------------------------------------------------------------------------
