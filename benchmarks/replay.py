@@ -310,7 +310,7 @@ def best_copy(text: np.ndarray, size: int, suffix: np.ndarray, truth: np.ndarray
     ends = np.flatnonzero(text[: max(size - 1, 0)] == suffix[-1])
     if not len(ends):
         return 0, 0, 0
-    match = _run_lengths(text, ends[:, None] - np.arange(1, len(suffix)), suffix[-2::-1], 0) + 1
+    match = _run_lengths(text, ends[:, None] - np.arange(1, len(suffix)), suffix[-2::-1], size) + 1
     ends = ends[match == match.max()]
     agree = _run_lengths(text, ends[:, None] + 1 + np.arange(len(truth)), truth, size)
     best = len(agree) - 1 - int(np.argmax(agree[::-1]))  # the latest of the longest
@@ -318,10 +318,10 @@ def best_copy(text: np.ndarray, size: int, suffix: np.ndarray, truth: np.ndarray
 
 
 def _run_lengths(text: np.ndarray, positions: np.ndarray, wanted: np.ndarray,
-                 limit: int) -> np.ndarray:
+                 size: int) -> np.ndarray:
     """Per row of ``positions``: how many leading positions hold ``wanted``'s tokens (a
-    position outside ``text[:limit]``, or ``text`` for ``limit`` 0, ends the run)."""
-    inside = (positions >= 0) & (positions < (limit or len(text)))
+    position outside ``text[:size]`` ends the run)."""
+    inside = (positions >= 0) & (positions < size)
     equal = inside & (text[np.clip(positions, 0, len(text) - 1)] == wanted)
     return np.cumprod(equal, axis=1).sum(axis=1)
 
