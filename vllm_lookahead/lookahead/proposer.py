@@ -242,7 +242,7 @@ class LookaheadProposer:
         state = self._states.get(req_id)
         if state is not None and state.tree is not None:
             state.draft = state.tree[0][1:]
-            state.tree, state.window_columns = None, []
+            state.drop_tree()
 
     # -- the step --------------------------------------------------------------------------
 
@@ -357,64 +357,90 @@ class LookaheadProposer:
         if not rows:
             return drafts
         num_tokens = num_tokens_no_spec[np.asarray(rows, dtype=np.int64)].astype(np.int64)
-        # never past max_model_len: the bonus token needs a slot too
-        bounds = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
-        np.minimum(bounds, [state.max_draft for state in states], out=bounds)
+        bounds = self._draft_bounds(states, num_tokens)
         if self._uniform.graph_requests is None:  # the runner's graphs exist by now
             self._uniform.set_graph_requests(runner_state.uniform_graph_requests(self._runner))
         free_tokens, step_cost, fill = self._step_plan(
             self._uniform.wanted(num_rows, len(rows), bounds))
-        # every slot of a filled step is computed anyway: its sources draft up to K,
-        # past the probability that saves compute elsewhere
+        main = self._main_drafts(rows, row_req_ids, states, token_ids_cpu, num_tokens, bounds,
+                                 fill)
+        if self.options.cost_aware_drafts:
+            self._budget(main, states, num_tokens, step_cost, fill)
+            self._stats.free_tokens = math.inf if free_tokens is None else free_tokens
+            self._cut_log.maybe_log(self._stats, self.cost_model)
+        for row, draft, state in zip(rows, main, states):
+            drafts[row] = list(draft.tokens)
+            state.drop_tree()  # linear unless grown below
+        # a step with trees runs eagerly: where filling won, its graph beat them too
+        # (the tree steps were among the other steps it was timed against)
+        if self.trees_on and not fill:
+            self._stats.tree_nodes += trees.grow_trees(
+                rows, states, drafts, token_ids_cpu, num_tokens, free_tokens,
+                self._tree_yields, self.options, self.max_model_len, self._sources.recycled)
+        if fill:
+            self._fill(rows, main, states, bounds, drafts)
+        self._remember(main, states)
+        return drafts
+
+    def _draft_bounds(self, states: list[RequestState], num_tokens: np.ndarray) -> np.ndarray:
+        """Each request's longest draft: K, or its own lower bound, never past
+        max_model_len (the bonus token needs a slot too)."""
+        bounds = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        np.minimum(bounds, [state.max_draft for state in states], out=bounds)
+        return bounds
+
+    def _main_drafts(self, rows: list[int], row_req_ids: list[str], states: list[RequestState],
+                     token_ids_cpu: np.ndarray, num_tokens: np.ndarray, bounds: np.ndarray,
+                     fill: bool) -> list[Draft]:
+        """The sources' drafts, each up to its request's adaptive limit and minimum
+        probability; up to K in a filled step, whose every slot is computed anyway (past
+        the probability that saves compute elsewhere)."""
         if fill:
             limits, min_prob = bounds, np.zeros(len(states))
         else:
             limits = np.minimum(bounds, [state.draft_limit for state in states])
             min_prob = np.array([state.draft_min_prob for state in states])
-        main = self._sources.draft(rows, row_req_ids, states, token_ids_cpu, num_tokens,
+        return self._sources.draft(rows, row_req_ids, states, token_ids_cpu, num_tokens,
                                    limits, min_prob)
-        if self.options.cost_aware_drafts:
-            proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
-            classes = [draft.token_classes() for draft in main]
-            first_rates = {c: self._depth_acceptance[c].first_token_rates()
-                           for c in {state.sampling_class for state in states}}
-            first_estimates = [  # an empty draft has no first token to estimate
-                float(first_rates[state.sampling_class][token_classes[0]])
-                if len(token_classes) else 0.0
-                for state, token_classes in zip(states, classes)]
-            if not fill:
-                self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
-                                                    step_cost)
-            for b, state in enumerate(states):
-                state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
-                                        len(main[b].tokens), state.max_draft,
-                                        first_estimates[b])
-            self._stats.free_tokens = math.inf if free_tokens is None else free_tokens
-            self._cut_log.maybe_log(self._stats, self.cost_model)
-        for row, draft, state in zip(rows, main, states):
+
+    def _budget(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
+                step_cost: CostCurve | None, fill: bool) -> None:
+        """Estimate each draft's first token by its calibration class, cut the drafts to
+        the step's budget (not in a filled step) and keep them, as proposed, to check in
+        hindsight."""
+        classes = [draft.token_classes() for draft in main]
+        proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
+        first_rates = {c: self._depth_acceptance[c].first_token_rates()
+                       for c in {state.sampling_class for state in states}}
+        first_estimates = [  # an empty draft has no first token to estimate
+            float(first_rates[state.sampling_class][token_classes[0]])
+            if len(token_classes) else 0.0
+            for state, token_classes in zip(states, classes)]
+        if not fill:
+            self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
+                                                step_cost)
+        for b, state in enumerate(states):
+            state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
+                                    len(main[b].tokens), state.max_draft, first_estimates[b])
+
+    def _fill(self, rows: list[int], main: list[Draft], states: list[RequestState],
+              bounds: np.ndarray, drafts: list[list[int]]) -> None:
+        """Pad every draft to its bound (``uniform_drafts``)."""
+        for row, draft, state, bound in zip(rows, main, states, bounds.tolist()):
+            draft.padded = fill_draft(draft.tokens, state.pending_token, bound, state.pool,
+                                      self.options.guess_set_size, self._sources.recycled)
             drafts[row] = list(draft.tokens)
-            state.tree, state.window_columns = None, []  # linear unless grown below
-        # a step with trees runs eagerly: where filling won, its graph beat them too
-        # (the tree steps were among the other steps it was timed against)
-        tree_nodes = trees.grow_trees(
-            rows, states, drafts, token_ids_cpu, num_tokens, free_tokens, self._tree_yields,
-            self.options, self.max_model_len,
-            self._sources.recycled) if self.trees_on and not fill else 0
-        self._stats.tree_nodes += tree_nodes
-        if fill:
-            for row, draft, state, bound in zip(rows, main, states, bounds.tolist()):
-                draft.padded = fill_draft(draft.tokens, state.pending_token, bound, state.pool,
-                                          self.options.guess_set_size, self._sources.recycled)
-                drafts[row] = list(draft.tokens)
-            self._stats.filled_steps += 1
-            self._filled = True
+        self._stats.filled_steps += 1
+        self._filled = True
+
+    def _remember(self, main: list[Draft], states: list[RequestState]) -> None:
+        """Keep each main draft and its origin for the next pass's feedback; count it."""
         for state, draft in zip(states, main):
             state.draft, state.draft_origin = draft.tokens, draft
             if draft.tokens:
                 self._stats.drafts += 1
                 self._stats.draft_tokens += len(draft.tokens)
                 self._count_by_source(draft, len(draft.tokens), DRAFT_SOURCES)
-        return drafts
 
     def _cut(self, main: list[Draft], classes: list[np.ndarray], first_estimates: list[float],
              states: list[RequestState], step_cost: CostCurve | None) -> int:

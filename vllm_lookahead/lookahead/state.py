@@ -68,6 +68,10 @@ class RequestState:
     # per window column of the last tree: (column, node of its key, its last node)
     window_columns: list[tuple[int, int, int]] = field(default_factory=list)
 
+    def drop_tree(self) -> None:
+        """The next pass verifies ``draft`` alone: no tree, no window columns to slide."""
+        self.tree, self.window_columns = None, []
+
     def first_token_rate(self, estimate: float) -> float:
         """Chance that the first draft token is accepted: the worker's ``estimate`` for
         the token's calibration class, scaled by how the request's own first tokens

@@ -95,7 +95,7 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
                         options.ngram_size)
         added = builder.num_drafted - len(main)
         if not added:
-            state.window_columns = []
+            state.drop_tree()  # the window columns added no node
         else:
             spare -= TREE_ROW_COST + added * TREE_NODE_COST
             state.passes_without_tree = 0

@@ -82,8 +82,10 @@ def apply_top_k_top_p_from_largest(logits: torch.Tensor, k: torch.Tensor | None,
     # probabilities after top-k: renormalized over the candidates it keeps, or over the
     # whole row where it keeps more than the candidates (k of the vocabulary: none)
     scaled = values.float().masked_fill(~kept, -float("inf"))
-    log_total = torch.where(by_top_k.unsqueeze(1), scaled.logsumexp(-1, keepdim=True),
-                            logits.float().logsumexp(-1, keepdim=True))
+    log_total = scaled.logsumexp(-1, keepdim=True)
+    if not by_top_k.all():  # the whole row's sum only where it is needed (a full pass)
+        whole = (~by_top_k).nonzero().view(-1)
+        log_total[whole] = logits[whole].float().logsumexp(-1, keepdim=True)
     probs = (scaled - log_total).exp()
     above = probs.cumsum(-1) - probs
     kept &= above < top_p.unsqueeze(1)
