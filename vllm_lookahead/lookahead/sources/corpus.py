@@ -58,7 +58,7 @@ class ResponseCorpus:
         if self._size + len(response) + 1 > self.capacity:
             self._drop_oldest(self._size + len(response) + 1 - self.capacity)
         self._size = _corpus_append(self._tokens, self._prev, self._heads, self._size,
-                                    np.asarray(response, dtype=np.int32))
+                                    np.asarray(response, dtype=np.int32), True)
 
     def _drop_oldest(self, count: int) -> None:
         """Keep the newest whole responses; at least half goes, so this is rare."""
@@ -69,8 +69,7 @@ class ResponseCorpus:
         kept = tokens[start:].copy()
         self._tokens.fill(self.SEPARATOR)
         self._heads.fill(-1)
-        self._size = _corpus_append(self._tokens, self._prev, self._heads, 0, kept,
-                                    separated=False)
+        self._size = _corpus_append(self._tokens, self._prev, self._heads, 0, kept, False)
 
     def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int,
               min_prob: float = 0.0) -> Match:
@@ -129,7 +128,7 @@ class LiveResponses:
         if new:
             start = slot * self.slot_tokens + used
             _corpus_append(self._tokens, self._prev, self._heads, start,
-                           np.asarray(new, dtype=np.int32), separated=False)
+                           np.asarray(new, dtype=np.int32), False)
             self._used[slot] = used + len(new)
             self._size += len(new)
 
@@ -196,9 +195,11 @@ def _bigram_hash(first, second, mask):
 
 
 @numba.njit(cache=True, nogil=True)
-def _corpus_append(tokens, prev, heads, size, new_tokens, separated=True):
+def _corpus_append(tokens, prev, heads, size, new_tokens, separated):
     """Append ``new_tokens`` (plus a separator when ``separated``) and index their
-    bigrams; ``new_tokens`` may hold separators itself. Returns the new size."""
+    bigrams; ``new_tokens`` may hold separators itself. Returns the new size.
+    (``separated`` has no default: an omitted argument is another compilation, paid
+    mid-serving by the first finished request.)"""
     mask = heads.shape[0] - 1
     for token in new_tokens:
         tokens[size] = token

@@ -16,7 +16,7 @@ from vllm_lookahead.lookahead.sources.corpus import (
 )
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
-from vllm_lookahead.lookahead.sources.support import SEEN_ONCE, SUPPORT_BINS
+from vllm_lookahead.lookahead.sources.support import SEEN_ONCE, SUPPORT_BINS, support_bin
 from vllm_lookahead.lookahead.state import RequestState
 
 
@@ -122,6 +122,7 @@ class DraftSources:
         self._match_prob = np.zeros(max_rows, dtype=np.float64)
         warm_up_suffix_match()
         warm_up_corpus()
+        support_bin(1, 1, 1)  # as the pool calls it: compiled before the first request
 
     def draft(self, rows: list[int], req_ids: list[str], states: list[RequestState],
               token_ids_cpu: np.ndarray, num_tokens: np.ndarray, limits: np.ndarray,

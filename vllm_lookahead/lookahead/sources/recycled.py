@@ -23,6 +23,7 @@ class RecycledTopK:
         self.top_k = top_k
         self._ids = np.full((vocab_size, top_k), -1, dtype=np.int32)
         self._logprobs = np.full((vocab_size, top_k), -np.inf, dtype=np.float32)
+        self.chain(0, 1, 1.0, 0.0)  # compiled before the first request, not during one
 
     @property
     def storage(self) -> tuple[np.ndarray, np.ndarray]:
