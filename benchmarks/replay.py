@@ -23,10 +23,11 @@ longest match of the context's suffix: each step it finds the longest suffix of 
 context (up to 16 tokens, the last token at least) that the request's prompt and output
 so far, or the outputs of the requests replayed before it, repeat, reads the output
 ahead and, of that suffix's occurrences, copies the continuation that verification
-will accept furthest. A drafter that copies one continuation of the longest match
-(ngram, suffix, lookahead's context and corpus matches) chooses among the same
-occurrences without knowing the output; drafts chained from several spans, such as
-lookahead's pool and its Jacobi predictions, are outside it.
+will accept furthest (with ``"min_match": N``, only after a match of at least N
+tokens). A drafter that copies one continuation of the longest match (ngram, suffix,
+lookahead's context and corpus matches) chooses among the same occurrences without
+knowing the output; drafts chained from several spans, such as lookahead's pool and its
+Jacobi predictions, are outside it.
 
     python -m benchmarks.replay record --model smollm2-135m --num-prompts 20 -o trace.json
     python -m benchmarks.replay run trace.json --methods ngram,suffix,lookahead \
@@ -273,6 +274,8 @@ class CopyOracleReplayer(Replayer):
 
     def __init__(self, spec: dict):
         super().__init__(spec)
+        #: shortest match it copies after ("min_match"; 1: the last token alone)
+        self.min_match = spec.get("min_match", 1)
         self.future = np.zeros(0, dtype=np.int32)
         self.output_start = 0
         #: the outputs of the requests replayed before, each followed by a separator
@@ -291,8 +294,8 @@ class CopyOracleReplayer(Replayer):
         suffix = self.tokens[0, max(0, n - COPY_ORACLE_MAX_MATCH) : n]
         copies = [(best_copy(text, size, suffix, truth), text) for text, size in (
             (self.tokens[0], n), (self.earlier_outputs, len(self.earlier_outputs)))]
-        (_, start, length), text = max(copies, key=lambda copy: (copy[0][0], copy[0][2]))
-        return text[start : start + length].tolist()
+        (match, start, length), text = max(copies, key=lambda copy: (copy[0][0], copy[0][2]))
+        return text[start : start + length].tolist() if match >= self.min_match else []
 
     def finish(self, request_id):
         output = self.tokens[0, self.output_start : int(self.num_tokens[0])]

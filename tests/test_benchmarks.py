@@ -575,6 +575,18 @@ def test_replay_copy_oracle_copies_earlier_outputs_of_its_dataset():
     assert second == (30, 3, 28, 0.0)
 
 
+def test_replay_copy_oracle_copies_only_after_its_min_match():
+    from benchmarks.replay import CopyOracleReplayer, Request, replay
+
+    # after "9 5" only "5" repeats (the prompt's first token): the oracle copies "6 7 8"
+    # there; with min_match 2 it waits for "5 6", then copies "7 8"
+    trace = [Request("a", "c", [5, 6, 7, 8], [9, 5, 6, 7, 8, 4])]
+    spec = {"method": "copy-oracle", "num_speculative_tokens": 24}
+    assert replay(lambda: CopyOracleReplayer(spec), trace) == [(6, 3, 3, 0.0)]
+    spec["min_match"] = 2
+    assert replay(lambda: CopyOracleReplayer(spec), trace) == [(6, 4, 2, 0.0)]
+
+
 def test_replay_step_cost_option_names_its_format():
     import argparse
 
