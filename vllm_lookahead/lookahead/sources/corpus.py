@@ -58,7 +58,7 @@ class ResponseCorpus:
         if self._size + len(response) + 1 > self.capacity:
             self._drop_oldest(self._size + len(response) + 1 - self.capacity)
         self._size = _corpus_append(self._tokens, self._prev, self._heads, self._size,
-                                    np.asarray(response, dtype=np.int32), True)
+                                    np.asarray(response, dtype=np.int32), separated=True)
 
     def _drop_oldest(self, count: int) -> None:
         """Keep the newest whole responses; at least half goes, so this is rare."""
@@ -69,7 +69,8 @@ class ResponseCorpus:
         kept = tokens[start:].copy()
         self._tokens.fill(self.SEPARATOR)
         self._heads.fill(-1)
-        self._size = _corpus_append(self._tokens, self._prev, self._heads, 0, kept, False)
+        self._size = _corpus_append(self._tokens, self._prev, self._heads, 0, kept,
+                                    separated=False)
 
     def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int,
               min_prob: float = 0.0) -> Match:
@@ -128,7 +129,7 @@ class LiveResponses:
         if new:
             start = slot * self.slot_tokens + used
             _corpus_append(self._tokens, self._prev, self._heads, start,
-                           np.asarray(new, dtype=np.int32), False)
+                           np.asarray(new, dtype=np.int32), separated=False)
             self._used[slot] = used + len(new)
             self._size += len(new)
 
