@@ -112,6 +112,9 @@ def _row(m: dict, group: str, requests: list[dict]) -> dict:
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds else None,
         "compression": tokens / passes if passes else None,
+        # tokens/s = S / step time: the step time of a pass, and the graph modes of steps
+        "step_ms": seconds / passes * 1e3 if passes else None,
+        "steps_by_graph_mode": m.get("steps_by_graph_mode") if whole else None,
         **acceptance(counters),
         **latency_stats(requests),
         **_proposer(m if whole else None),

@@ -18,6 +18,7 @@ import gc
 import time
 from collections.abc import Callable
 
+from benchmarks import graph_modes
 from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
 from benchmarks.engine_loop import drive
 from benchmarks.records import RequestRecord, SpecDecodeCounters, measurement_json
@@ -38,6 +39,7 @@ def measure_offline(mode: str, model_path: str, speculative_config: dict | None,
               **engine_args)
     startup_seconds = time.perf_counter() - started
     try:
+        graph_modes.install(llm)
         params = SamplingParams(**sampling)
         _warm_up(llm, conversations, params)
         return _measure(llm, mode, dataset, conversations, params, startup_seconds, on_request)
@@ -60,6 +62,7 @@ def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
     one_at_a_time = mode == "latency"
     counters_before = last_counters = _counters(llm)
     proposer_before = proposer_stats(llm)
+    graph_steps_before = graph_modes.read(llm)
 
     def on_finish(record: RequestRecord) -> None:
         nonlocal last_counters
@@ -76,6 +79,8 @@ def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
         proposer_delta(proposer_before, proposer_stats(llm)), loop.records,
         conversations.samples, startup_seconds)
     measurement["start"] = start_state(llm, proposer_before)
+    measurement["steps_by_graph_mode"] = graph_modes.difference(graph_modes.read(llm),
+                                                                graph_steps_before)
     return measurement
 
 

@@ -48,7 +48,9 @@ def render_markdown(results: dict, rows: list[dict]) -> str:
         "conversations: "
         + ", ".join(f"{name} {count}" + (" per category" if name == "spec_bench" else "")
                     for name, count in settings["num_prompts"].items())
-        + f"; engine arguments (all methods): `{json.dumps(results['engine_args'])}`",
+        + f"; engine arguments (all methods): `{json.dumps(results['engine_args'])}`"
+        + "".join(f"; {name} also `{json.dumps(values)}`"
+                  for name, values in results.get("method_engine_args", {}).items()),
         "* Methods: " + "; ".join(f"**{name}** `{json.dumps(config)}`"
                                   for name, config in results["methods"].items()),
         "",
@@ -97,7 +99,9 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
                     ("ITL ms", lambda r: _num(r["itl_ms"], 1)),
                     ("TPOT ms", lambda r: _num(r["tpot_ms"], 1))]
     else:
-        columns.append(("proposer ms/step (% of step)", _proposer))
+        columns += [("step ms", lambda r: _num(r["step_ms"], 2)),
+                    ("steps FULL / PIECEWISE / eager", _graph_steps),
+                    ("proposer ms/step (% of step)", _proposer)]
     columns.append(("accepted by source", _accepted_by_source))
     lines = ["| " + " | ".join(name for name, _ in columns) + " |",
              "|" + "---|" * len(columns)]
@@ -181,6 +185,13 @@ def _accepted_by_source(row: dict) -> str:
     if not shares:
         return "n/a"
     return " ".join(f"{source} {share:.0%}" for source, share in shares.items() if share)
+
+
+def _graph_steps(row: dict) -> str:
+    steps = row.get("steps_by_graph_mode")
+    if not steps:
+        return "-"
+    return f"{steps['FULL']} / {steps['PIECEWISE']} / {steps['NONE']}"
 
 
 def _proposer(row: dict) -> str:

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine argument; the CPU backend needs an explicit KV budget")
     parser.add_argument("--engine-args", type=json.loads, default={},
                         help="more engine keyword arguments as JSON, identical for all methods")
+    parser.add_argument("--method-engine-args", action="append", default=[],
+                        metavar="NAME=JSON",
+                        help="engine keyword arguments of one method, merged over "
+                             "--engine-args (e.g. a method's best compilation_config)")
     parser.add_argument("--machine", default=machine.default_name(),
                         help="machine label in the run folder's name")
     add_arguments(parser, "<machine>-<model>-<modes>")
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     try:
         selected = _selected_methods(args)
+        args.method_engine_args = _method_engine_args(args.method_engine_args, selected)
     except ValueError as exc:
         parser.error(str(exc))
     counts = {name: args.num_prompts.get(name, args.num_prompts.get("*"))
@@ -210,6 +215,24 @@ def _selected_methods(args) -> dict[str, methods_module.Method]:
     return {name: registry[name] for name in names}
 
 
+def _method_engine_args(texts: list[str], selected: dict) -> dict[str, dict]:
+    """--method-engine-args NAME=JSON of the selected methods, as {name: dict}."""
+    by_method = {}
+    for text in texts:
+        name, sep, body = text.partition("=")
+        if not sep or name.strip() not in selected:
+            raise ValueError(f"--method-engine-args expects NAME=JSON with NAME one of "
+                             f"{', '.join(selected)}, got {text!r}")
+        try:
+            values = json.loads(body)
+        except ValueError as exc:
+            raise ValueError(f"--method-engine-args {name}: invalid JSON {body!r}") from exc
+        if not isinstance(values, dict):
+            raise ValueError(f"--method-engine-args {name}: expected a JSON object")  # noqa: TRY004
+        by_method[name.strip()] = values
+    return by_method
+
+
 def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str, int],
                  datasets: dict[str, Conversations], engine_args: dict,
                  selected: dict[str, methods_module.Method]) -> dict:
@@ -230,6 +253,7 @@ def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str,
                      "top_p": args.top_p, "seeds": args.seeds, "concurrency": args.concurrency,
                      "prompts": {name: [s.id for s in c.samples] for name, c in datasets.items()}},
         "engine_args": engine_args,
+        "method_engine_args": args.method_engine_args,
         "methods": {name: method.config for name, method in selected.items()},
         "runs": [],
         "measurements": [],
@@ -271,7 +295,7 @@ def _measure(run: dict, model_path: str, engine_args: dict, dataset: str,
 
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature,
                 "top_p": args.top_p}
-    seeded = {**engine_args, "seed": seed}
+    seeded = {**engine_args, **args.method_engine_args.get(run["method"], {}), "seed": seed}
     config = run["speculative_config"]
     try:
         if run["mode"] == "server":

@@ -9,6 +9,15 @@
 #
 # Steps (default: all, in this order; each one fits a 10-minute device command):
 #   env      install this package next to the kit's vLLM; record GPU, versions, commit
+#   exactness  greedy exactness of lookahead's defaults against no speculation as users
+#            serve it (CUDA graphs, drafts filled to K, trees, chunked prefill and
+#            preemption; batch 8 and 1): bf16 (informational, every divergence with its
+#            top-2 logit gap), bf16 under VLLM_BATCH_INVARIANT=1 and float32 (asserted);
+#            three configurations at once (benchmarks.exactness: exactness.json, .md)
+#   decomposition  latency, bf16 with CUDA graphs, HumanEval: none / ngram / suffix /
+#            lookahead / lookahead-unfilled, and ngram and suffix with
+#            `cudagraph_mode: FULL` (their best graph mode: FlashAttention 3 replays full
+#            graphs of mixed batches); steps by graph mode and ms per step beside S
 #   tree-check  the tree step's start-up self-check on the real model, with CUDA graphs
 #            (as users run vLLM), in bf16 and fp16 (the device's own attention backend;
 #            the tiny-model tests run float32, which FlashAttention does not take): its
@@ -49,12 +58,12 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift ;;
     --model) model=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
-    env|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
-    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env tree-check greedy greedy-bf16 trees server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+    env|exactness|decomposition|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env exactness decomposition tree-check greedy greedy-bf16 trees server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#steps[@]} -gt 0 ] || steps=(env tree-check greedy greedy-bf16 trees server latency load batch64)
+[ ${#steps[@]} -gt 0 ] || steps=(env exactness decomposition tree-check greedy greedy-bf16 trees server latency load batch64)
 
 if [ $dry_run = 1 ]; then
   [ -n "${PYTHON:-}" ] || bash scripts/setup.sh >/dev/null
@@ -62,6 +71,7 @@ if [ $dry_run = 1 ]; then
   model=${model:-smollm2-135m}  # fetched by benchmarks.models (pinned, sha256-checked)
   prompts=2 tokens=32 concurrency=4 batch=8 kv_bytes=$((1 << 30)) tree_dtypes=bfloat16
   engine_args='{"enforce_eager": true}'
+  exact_configurations=cpu-fp32 exact_prompts=1 graph_dtype=float32
   results=${results:-/tmp/gpu-validate-dry-run}
 else
   [ -f /tmp/gpu-stage/env.sh ] && source /tmp/gpu-stage/env.sh
@@ -70,6 +80,8 @@ else
   prompts=${PROMPTS:-10} tokens=${TOKENS:-256} concurrency=16 batch=64 kv_bytes=$((8 << 30))
   tree_dtypes=${TREE_DTYPES:-bfloat16 float16}
   engine_args='{"enforce_eager": false}'
+  exact_configurations=${EXACT_CONFIGURATIONS:-bf16,bf16-batch-invariant,fp32} exact_prompts=4
+  graph_dtype=bfloat16
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | awk 'NR==1 {print tolower($2)}')
   results=${results:-benchmarks/results/${gpu:-gpu}-validate-$(date +%F)}
 fi
@@ -135,6 +147,23 @@ for step in "${steps[@]}"; do
       missing=$(missing_modules pytest scipy matplotlib ray openai requests)
       [ -z "$missing" ] || echo "missing modules: $missing (stage them: bash shared/gpu/stage.sh --add NAME)" \
         | tee -a "$results/env.log" >&2
+      ;;
+    exactness)
+      LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION=${LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION:-0.25} \
+        run exactness yes "$python" -m benchmarks.exactness --model "$model" \
+        --output-dir "$results/exactness" --configurations "$exact_configurations" --jobs 3 \
+        --datasets humaneval,mt_bench --num-prompts "$exact_prompts" --max-tokens "$tokens"
+      ;;
+    decomposition)
+      full='{"compilation_config": {"cudagraph_mode": "FULL"}}'
+      run decomposition yes "$python" -m benchmarks.run --model "$model" \
+        --methods none,ngram,suffix,lookahead --dtype "$graph_dtype" --max-tokens "$tokens" \
+        --kv-cache-memory-bytes "$kv_bytes" --engine-args "$engine_args" --mode latency \
+        --output-dir "$results/decomposition" --datasets humaneval --num-prompts "$prompts" \
+        --method-config 'lookahead-unfilled={"method": "lookahead", "uniform_drafts": "off"}' \
+        --method-config 'ngram-full={"method": "ngram"}' \
+        --method-config 'suffix-full={"method": "suffix"}' \
+        --method-engine-args "ngram-full=$full" --method-engine-args "suffix-full=$full"
       ;;
     tree-check)
       path=$model  # a folder, or a name benchmarks.models fetches (pinned, sha256-checked)

@@ -79,6 +79,8 @@ LOOKAHEAD_COUNTERS = [
      "N-grams harvested from the target's predictions at draft positions (Jacobi)."),
     ("vllm:lookahead_filled_steps", "filled_steps",
      "Steps whose drafts were filled to K for a full CUDA graph (uniform_drafts)."),
+    ("vllm:lookahead_tree_steps", "tree_steps",
+     "Steps with at least one tree draft (run without CUDA graphs)."),
 ]
 LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_pool_ngrams", "pool_ngrams",
@@ -168,6 +170,7 @@ class ProposerStats:
     tree_check: int = -1  # tree step self-check: 1 passed, 0 failed, -1 not run
     harvested_ngrams: int = 0
     filled_steps: int = 0  # steps whose drafts were filled to K (``uniform_drafts``)
+    tree_steps: int = 0  # steps with at least one tree draft
     recycled_rows: int = 0  # top-k rows written into the recycled table
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)

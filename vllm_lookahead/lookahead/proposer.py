@@ -374,9 +374,11 @@ class LookaheadProposer:
         # a step with trees runs eagerly: where filling won, its graph beat them too
         # (the tree steps were among the other steps it was timed against)
         if self.trees_on and not fill:
-            self._stats.tree_nodes += trees.grow_trees(
+            nodes = trees.grow_trees(
                 rows, states, drafts, token_ids_cpu, num_tokens, free_tokens,
                 self._tree_yields, self.options, self.max_model_len, self._sources.recycled)
+            self._stats.tree_nodes += nodes
+            self._stats.tree_steps += nodes > 0
         if fill:
             self._fill(rows, main, states, bounds, drafts)
         self._remember(main, states)

@@ -1,0 +1,326 @@
+"""Greedy exactness of lookahead against no speculation, in the modes users serve it.
+
+    python -m benchmarks.exactness --model PATH --output-dir DIR [--configurations A,B]
+        [--datasets humaneval,mt_bench] [--num-prompts 4] [--max-tokens 256] [--jobs 3]
+
+A *configuration* is how the engines run: dtype, CUDA graphs (vLLM's default mode) or
+eager, vLLM's batch-invariant kernels (``VLLM_BATCH_INVARIANT=1``) or not. In each, one
+process (the variable must be set before vLLM is imported): a reference engine without
+speculation decodes every prompt greedily all at once (batch 8 by default) and at batch 1 (one
+at a time), keeping the top two raw logits of every position; then each lookahead
+*variant* (the defaults; trees on and drafts not filled; the defaults under chunked
+prefill and preemption) does the same on an engine of its own, and each output is
+compared with the reference of its batch. At a request's first divergence the report
+gives the reference's gap between its two best logits there, also in units of the
+dtype's spacing at that logit (ulp): a flip at a near-tie (``NEAR_TIE_ULPS``) is
+rounding, a flip at a wide gap is a bug. The reference's own batch 1 against the whole batch is
+the yardstick of how much plain decoding moves with the batch alone.
+
+Counters prove what ran: steps by graph mode (``graph_modes``), filled and tree steps,
+preemptions. A configuration marked *asserted* fails the run (exit status 1) unless
+every output is identical and some steps were filled to K and some grew trees.
+Results: DIR/exactness.json and DIR/exactness.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import graph_modes
+from benchmarks.exactness_report import write_report
+
+#: Spacing of the dtype's numbers in [1, 2); at a logit x it is this times 2**floor(log2 |x|).
+RESOLUTION = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23}
+#: A divergence whose reference gap is at most this many ulps is read as rounding: the
+#: two logits are neighbours at the dtype's resolution, and one kernel's other order of
+#: summation moves a logit by that much.
+NEAR_TIE_ULPS = 4
+
+
+@dataclass(frozen=True)
+class Configuration:
+    name: str
+    dtype: str
+    graphs: bool  # vLLM's default CUDA graph mode (torch.compile) instead of eager
+    batch_invariant: bool = False
+    asserted: bool = True  # identical outputs required (else: informational)
+    variants: tuple[str, ...] = ("defaults", "trees", "defaults-pressure")
+
+
+CONFIGURATIONS = {c.name: c for c in (
+    Configuration("bf16", "bfloat16", graphs=True, asserted=False),
+    Configuration("bf16-batch-invariant", "bfloat16", graphs=True, batch_invariant=True),
+    Configuration("fp32", "float32", graphs=True),
+    # CPU (CI): no graphs, so nothing fills by itself: the defaults with filling forced
+    Configuration("cpu-fp32", "float32", graphs=False, variants=("filled-pressure", "trees")),
+)}
+
+#: Lookahead's variants: the defaults; drafts filled to K wherever the batch can be
+#: uniform, with trees where it cannot; trees on, drafts never filled.
+VARIANTS = {
+    "defaults": {"method": "lookahead"},
+    "filled": {"method": "lookahead", "uniform_drafts": "on", "trees": "on"},
+    "trees": {"method": "lookahead", "trees": "on", "uniform_drafts": "off"},
+}
+#: "VARIANT-pressure": chunked prefill on this token budget, and a KV pool of half the
+#: tokens the batch needs (at least two of its longest requests), so that vLLM preempts
+#: and recomputes requests.
+PRESSURE_SUFFIX = "-pressure"
+PRESSURE_BATCHED_TOKENS = 128
+
+
+def engine_args(configuration: Configuration, max_model_len: int, kv_bytes: int) -> dict:
+    args = dict(dtype=configuration.dtype, enforce_eager=not configuration.graphs,
+                max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes, seed=0,
+                disable_log_stats=False)
+    if "LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION" in os.environ:  # several engines on one GPU
+        args["gpu_memory_utilization"] = float(os.environ["LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION"])
+    return args
+
+
+def run_configuration(configuration: Configuration, model: str, prompts: list[list[int]],
+                      max_tokens: int, max_model_len: int, kv_bytes: int) -> dict:
+    """The reference and every variant of ``configuration``, in this process (whose
+    environment must already say whether vLLM's kernels are batch-invariant)."""
+    from vllm import LLM, SamplingParams
+
+    if configuration.batch_invariant != (os.environ.get("VLLM_BATCH_INVARIANT") == "1"):
+        raise ValueError(f"configuration {configuration.name} needs VLLM_BATCH_INVARIANT="
+                         f"{int(configuration.batch_invariant)} in the environment")
+    args = engine_args(configuration, max_model_len, kv_bytes)
+    reference_params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                                      logprobs=2)
+    llm = LLM(model, logprobs_mode="raw_logits", **args)
+    try:
+        engine = describe_engine(llm)
+        batch_all = _generate(llm, prompts, reference_params)
+        batch_1 = [_generate(llm, [prompt], reference_params)[0] for prompt in prompts]
+        kv_bytes_per_token = engine.pop("kv_bytes_per_token")
+    finally:
+        _shutdown(llm)
+    reference = {len(prompts): batch_all, 1: batch_1}
+    result = {**dataclasses.asdict(configuration), **engine,
+              "vllm_batch_invariant_env": os.environ.get("VLLM_BATCH_INVARIANT", ""),
+              "prompts": len(prompts), "max_tokens": max_tokens,
+              "reference_batch_1_vs_all": compare([tokens for tokens, _ in batch_1], batch_all,
+                                                configuration.dtype),
+              "near_tie_positions": near_tie_share(batch_all, configuration.dtype),
+              "runs": []}
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for variant in configuration.variants:
+        overrides = (pressure_args(prompts, max_tokens, kv_bytes_per_token)
+                     if variant.endswith(PRESSURE_SUFFIX) else {})
+        result["runs"] += run_variant(model, variant, {**args, **overrides}, overrides, prompts,
+                                      params, reference, configuration.dtype)
+    result["passed"] = passed(result)
+    return result
+
+
+def pressure_args(prompts: list[list[int]], max_tokens: int, kv_bytes_per_token: float) -> dict:
+    requests = [len(p) + max_tokens + 1 for p in prompts]
+    tokens = max(sum(requests) // 2, 2 * max(requests))
+    return dict(enable_chunked_prefill=True, max_num_batched_tokens=PRESSURE_BATCHED_TOKENS,
+                max_model_len=max(requests), kv_cache_memory_bytes=int(kv_bytes_per_token * tokens))
+
+
+def run_variant(model: str, variant: str, args: dict, overrides: dict, prompts, params,
+                reference: dict, dtype: str) -> list[dict]:
+    """One engine of ``variant``: the whole batch, then batch 1; a record for each."""
+    from vllm import LLM
+
+    speculative_config = VARIANTS[variant.removesuffix(PRESSURE_SUFFIX)]
+    llm = LLM(model, speculative_config=speculative_config, **args)
+    records = []
+    try:
+        engine = describe_engine(llm)
+        graph_modes.install(llm)
+        for batch in (len(prompts), 1):
+            before = _counters(llm)
+            if batch > 1:
+                outputs = [tokens for tokens, _ in _generate(llm, prompts, params)]
+            else:
+                outputs = [_generate(llm, [p], params)[0][0] for p in prompts]
+            after = _counters(llm)
+            record = {"variant": variant, "speculative_config": speculative_config,
+                      "engine_overrides": overrides,
+                      "kv_cache_tokens": engine["kv_cache_tokens"], "batch": batch,
+                      **compare(outputs, reference[batch], dtype),
+                      **{name: after[name] - before[name] for name in after
+                         if name != "graph_modes"},
+                      "steps_by_graph_mode": graph_modes.difference(after["graph_modes"],
+                                                                    before["graph_modes"])}
+            records.append(record)
+    finally:
+        _shutdown(llm)
+    return records
+
+
+def passed(result: dict) -> bool:
+    """Asserted: every output identical, and the steps that users' defaults run were run
+    (filled to K, with trees; preemptions where the variant forces them)."""
+    runs = result["runs"]
+    identical = all(run["identical"] == run["total"] for run in runs)
+    filled = sum(run["filled_steps"] for run in runs) > 0
+    trees = sum(run["tree_steps"] for run in runs) > 0
+    preempted = all(run["preemptions"] > 0 for run in runs
+                    if run["variant"].endswith(PRESSURE_SUFFIX) and run["batch"] > 1)
+    return identical and filled and trees and preempted
+
+
+def compare(outputs: list[list[int]], reference: list, dtype: str) -> dict:
+    """Identical outputs and each first divergence with the reference's two best logits
+    there; ``reference``: (tokens, top two of each position) of each prompt."""
+    divergences = []
+    identical = 0
+    for prompt, (tokens, (expected, top)) in enumerate(zip(outputs, reference)):
+        index = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+        if index is None and len(tokens) == len(expected):
+            identical += 1
+            continue
+        if index is None:  # one is a prefix of the other
+            divergences.append({"prompt": prompt, "index": min(len(tokens), len(expected)),
+                                "length": len(tokens), "expected_length": len(expected)})
+            continue
+        divergences.append({"prompt": prompt, "index": index, "expected": expected[index],
+                            "got": tokens[index], **tie(top[index], dtype)})
+    return {"identical": identical, "total": len(reference), "divergences": divergences}
+
+
+def tie(top_two: list[tuple[int, float]], dtype: str) -> dict:
+    """The gap between the two best logits of a position, in logits and in ulps of
+    ``dtype`` at the best one."""
+    (first_token, first), (second_token, second) = top_two
+    gap = first - second
+    ulp = RESOLUTION[dtype] * 2.0 ** math.floor(math.log2(max(abs(first), 1e-30)))
+    return {"second": second_token, "top_logit": first, "gap": gap, "ulp": ulp,
+            "gap_ulps": gap / ulp, "near_tie": gap <= NEAR_TIE_ULPS * ulp}
+
+
+def near_tie_share(reference: list, dtype: str) -> dict:
+    """How many of the reference's positions are near-ties: how often rounding alone
+    could flip a greedy choice."""
+    flags = [tie(top, dtype)["near_tie"] for _, tops in reference for top in tops]
+    return {"positions": len(flags), "near_ties": sum(flags)}
+
+
+def describe_engine(llm) -> dict:
+    """The attention backend and graph mode the engine chose, and its KV cache size."""
+    def read(worker):
+        runner = worker.model_runner
+        groups = getattr(runner, "attn_groups", None) or [[]]
+        backend = groups[0][0].backend.get_name() if groups[0] else "unknown"
+        spec = runner.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        tokens = runner.kv_cache_config.num_blocks * spec.block_size
+        total = sum(t.size for t in runner.kv_cache_config.kv_cache_tensors)
+        return backend, tokens, total / max(tokens, 1)
+
+    backend, tokens, per_token = llm.collective_rpc(read)[0]
+    compilation = llm.llm_engine.vllm_config.compilation_config
+    return {"attention_backend": backend, "kv_cache_tokens": tokens,
+            "kv_bytes_per_token": per_token,
+            "cudagraph_mode": getattr(compilation.cudagraph_mode, "name",
+                                      str(compilation.cudagraph_mode))}
+
+
+def _counters(llm) -> dict:
+    stats = llm.collective_rpc(
+        lambda worker: dataclasses.asdict(worker.model_runner.drafter.stats))[0]
+    preemptions = next((m.value for m in llm.get_metrics()
+                        if m.name == "vllm:num_preemptions"), 0)
+    return {"filled_steps": stats["filled_steps"], "tree_steps": stats["tree_steps"],
+            "tree_nodes": stats["tree_nodes"], "drafts": stats["drafts"],
+            "draft_tokens": stats["draft_tokens"], "request_passes": stats["request_passes"],
+            "generated_tokens": stats["generated_tokens"], "preemptions": preemptions,
+            "graph_modes": graph_modes.read(llm)}
+
+
+def _generate(llm, prompts, params) -> list:
+    """(tokens, per-position top two (token, logit) pairs, or None) of each prompt."""
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    results = []
+    for output in outputs:
+        completion = output.outputs[0]
+        tops = None
+        if completion.logprobs is not None:
+            tops = [sorted(((token, entry.logprob) for token, entry in position.items()),
+                           key=lambda pair: -pair[1])[:2] for position in completion.logprobs]
+        results.append((list(completion.token_ids), tops))
+    return results
+
+
+def _shutdown(llm) -> None:
+    import gc
+
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+# -- command line -------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--configurations", default="bf16,bf16-batch-invariant,fp32")
+    parser.add_argument("--datasets", default="humaneval,mt_bench")
+    parser.add_argument("--num-prompts", type=int, default=4, help="per dataset")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30)
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="configurations run at once, each in its own process")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a worker process: this configuration
+    args = parser.parse_args(argv)
+    names = args.configurations.split(",")
+    unknown = [n for n in names if n not in CONFIGURATIONS]
+    if unknown:
+        parser.error(f"--configurations: unknown {', '.join(unknown)}; "
+                     f"known: {', '.join(CONFIGURATIONS)}")
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        return _run_one(args)
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        codes = list(pool.map(lambda name: _spawn(name, argv or sys.argv[1:], args), names))
+    results = [json.loads((args.output_dir / f"exactness-{n}.json").read_text())
+               for n, code in zip(names, codes) if code == 0]
+    write_report(args.output_dir, args.model, results,
+                 failed=[n for n, code in zip(names, codes) if code != 0])
+    return 0 if all(code == 0 for code in codes) and all(r["passed"] or not r["asserted"]
+                                                         for r in results) else 1
+
+
+def _spawn(name: str, argv: list[str], args) -> int:
+    env = dict(os.environ)
+    env["VLLM_BATCH_INVARIANT"] = "1" if CONFIGURATIONS[name].batch_invariant else "0"
+    with open(args.output_dir / f"exactness-{name}.log", "w") as log:
+        return subprocess.run([sys.executable, "-m", "benchmarks.exactness", *argv,
+                               "--one", name], env=env, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+
+
+def _run_one(args) -> int:
+    from benchmarks.datasets import ChatPrompter, load
+
+    prompter = ChatPrompter(args.model)
+    samples = [s for d in args.datasets.split(",") for s in load(d, args.num_prompts)]
+    prompts = [prompter.prompt(sample, []) for sample in samples]
+    result = run_configuration(CONFIGURATIONS[args.one], args.model, prompts, args.max_tokens,
+                               args.max_model_len, args.kv_cache_memory_bytes)
+    result["samples"] = [sample.id for sample in samples]
+    (args.output_dir / f"exactness-{args.one}.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""exactness.json and exactness.md of a ``benchmarks.exactness`` run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import machine
+
+
+def write_report(output_dir: Path, model: str, results: list[dict], failed: list[str]) -> None:
+    report = {"model": model, "machine": machine.describe(),
+              "software": machine.software_versions(), **machine.git_state(),
+              "configurations": results,
+              "configurations_that_did_not_finish": failed}
+    (output_dir / "exactness.json").write_text(json.dumps(report, indent=1))
+    (output_dir / "exactness.md").write_text(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Greedy exactness against no speculation: {Path(report['model']).name}", "",
+             "| configuration | backend | graphs | variant | batch | identical | filled steps "
+             "| tree steps | steps FULL / PIECEWISE / eager | preemptions | asserted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for result in report["configurations"]:
+        for run in result["runs"]:
+            modes = run["steps_by_graph_mode"]
+            lines.append(
+                f"| {result['name']} | {result['attention_backend']} | "
+                f"{result['cudagraph_mode']} | {run['variant']} | {run['batch']} | "
+                f"{run['identical']}/{run['total']} | {run['filled_steps']} | "
+                f"{run['tree_steps']} | {modes['FULL']} / {modes['PIECEWISE']} / {modes['NONE']} | "
+                f"{run['preemptions']:g} | {verdict(result)} |")
+    lines += ["", "Plain decoding's own batch 1 against the whole batch (the reference), and how many "
+              "of its positions are near-ties:", "",
+              "| configuration | identical | near-tie positions |", "|---|---|---|"]
+    for result in report["configurations"]:
+        same, ties = result["reference_batch_1_vs_all"], result["near_tie_positions"]
+        lines.append(f"| {result['name']} | {same['identical']}/{same['total']} | "
+                     f"{ties['near_ties']} of {ties['positions']} |")
+    lines += ["", "Every first divergence, with the reference's gap between its two best "
+              "logits there (near-tie: at most `NEAR_TIE_ULPS` ulps of the dtype):", "",
+              "| configuration | variant | batch | prompt | index | expected | got | "
+              "second best | top logit | gap | gap (ulps) | near-tie |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for result in report["configurations"]:
+        runs = [("reference batch 1", {"batch": 1, **result["reference_batch_1_vs_all"]}),
+                *((run["variant"], run) for run in result["runs"])]
+        for variant, run in runs:
+            for d in run["divergences"]:
+                if "gap" not in d:  # lengths differ
+                    lines.append(f"| {result['name']} | {variant} | {run['batch']} | "
+                                 f"{d['prompt']} | {d['index']} | length {d['expected_length']}"
+                                 f" | length {d['length']} | | | | | |")
+                    continue
+                lines.append(
+                    f"| {result['name']} | {variant} | {run['batch']} | {d['prompt']} | "
+                    f"{d['index']} | {d['expected']} | {d['got']} | {d['second']} | "
+                    f"{d['top_logit']:.4g} | {d['gap']:.4g} | {d['gap_ulps']:.3g} | "
+                    f"{'yes' if d['near_tie'] else '**no**'} |")
+    if report["configurations_that_did_not_finish"]:
+        lines += ["", "Did not finish (see their logs): "
+                  + ", ".join(report["configurations_that_did_not_finish"])]
+    return "\n".join(lines) + "\n"
+
+
+def verdict(result: dict) -> str:
+    if not result["asserted"]:
+        return "no (informational)"
+    return "passed" if result["passed"] else "**FAILED**"
