@@ -88,9 +88,11 @@ def engine_args(configuration: Configuration, max_model_len: int, kv_bytes: int)
 
 
 def run_configuration(configuration: Configuration, model: str, prompts: list[list[int]],
-                      max_tokens: int, max_model_len: int, kv_bytes: int) -> dict:
+                      max_tokens: int, max_model_len: int, kv_bytes: int,
+                      on_progress=lambda result: None) -> dict:
     """The reference and every variant of ``configuration``, in this process (whose
-    environment must already say whether vLLM's kernels are batch-invariant)."""
+    environment must already say whether vLLM's kernels are batch-invariant);
+    ``on_progress`` gets the result so far after each engine."""
     from vllm import LLM, SamplingParams
 
     if configuration.batch_invariant != (os.environ.get("VLLM_BATCH_INVARIANT") == "1"):
@@ -116,12 +118,14 @@ def run_configuration(configuration: Configuration, model: str, prompts: list[li
               "near_tie_positions": near_tie_share(batch_all, configuration.dtype),
               "runs": []}
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    result.update(passed=False, complete=False)
     for variant in configuration.variants:
+        on_progress(result)
         overrides = (pressure_args(prompts, max_tokens, kv_bytes_per_token)
                      if variant.endswith(PRESSURE_SUFFIX) else {})
         result["runs"] += run_variant(model, variant, {**args, **overrides}, overrides, prompts,
                                       params, reference, configuration.dtype)
-    result["passed"] = passed(result)
+    result.update(passed=passed(result), complete=True)
     return result
 
 
@@ -280,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30)
     parser.add_argument("--jobs", type=int, default=1,
                         help="configurations run at once, each in its own process")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the report from the configurations' JSON files in "
+                             "--output-dir (those of a run that was stopped included)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a worker process: this configuration
     args = parser.parse_args(argv)
     names = args.configurations.split(",")
@@ -290,10 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     if args.one:
         return _run_one(args)
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        codes = list(pool.map(lambda name: _spawn(name, argv or sys.argv[1:], args), names))
-    results = [json.loads((args.output_dir / f"exactness-{n}.json").read_text())
-               for n, code in zip(names, codes) if code == 0]
+    if args.report_only:
+        codes = [0 if (args.output_dir / f"exactness-{n}.json").exists() else 1 for n in names]
+    else:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            codes = list(pool.map(lambda name: _spawn(name, argv or sys.argv[1:], args), names))
+    paths = [args.output_dir / f"exactness-{n}.json" for n in names]
+    results = [json.loads(path.read_text()) for path in paths if path.exists()]
     write_report(args.output_dir, args.model, results,
                  failed=[n for n, code in zip(names, codes) if code != 0])
     return 0 if all(code == 0 for code in codes) and all(r["passed"] or not r["asserted"]
@@ -315,10 +325,13 @@ def _run_one(args) -> int:
     prompter = ChatPrompter(args.model)
     samples = [s for d in args.datasets.split(",") for s in load(d, args.num_prompts)]
     prompts = [prompter.prompt(sample, []) for sample in samples]
-    result = run_configuration(CONFIGURATIONS[args.one], args.model, prompts, args.max_tokens,
-                               args.max_model_len, args.kv_cache_memory_bytes)
-    result["samples"] = [sample.id for sample in samples]
-    (args.output_dir / f"exactness-{args.one}.json").write_text(json.dumps(result, indent=1))
+    path = args.output_dir / f"exactness-{args.one}.json"
+
+    def save(result: dict) -> None:
+        path.write_text(json.dumps({**result, "samples": [s.id for s in samples]}, indent=1))
+
+    save(run_configuration(CONFIGURATIONS[args.one], args.model, prompts, args.max_tokens,
+                           args.max_model_len, args.kv_cache_memory_bytes, on_progress=save))
     return 0
 
 

@@ -65,6 +65,8 @@ def markdown(report: dict) -> str:
 
 
 def verdict(result: dict) -> str:
+    if not result.get("complete", True):
+        return "stopped before its last variant"
     if not result["asserted"]:
         return "no (informational)"
     return "passed" if result["passed"] else "**FAILED**"
