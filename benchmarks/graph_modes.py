@@ -10,7 +10,8 @@ capture and warm-up runs are not counted, for any method (speculative or not).
 
 | vLLM attribute | patch | why | verified on |
 |---|---|---|---|
-| ``worker.model_runner.cudagraph_dispatcher.dispatch`` (instance attribute) | wrapped | returns the step's ``CUDAGraphMode`` first | 0.32.0, 0.26.0 (CPU: NONE); 0.26.0 CUDA |
+| ``worker.model_runner.cudagraph_dispatcher.dispatch`` (V1 runner; instance attribute) | wrapped | returns the step's ``CUDAGraphMode`` first | 0.32.0, 0.26.0 (CPU: NONE); 0.26.0 CUDA |
+| ``worker.model_runner.cudagraph_manager.dispatch`` (model runner V2, which vLLM runs where no speculative method needs the V1 runner; instance attribute) | wrapped | returns a descriptor whose ``cg_mode`` is the step's mode; no manager: eager | 0.32.0, 0.26.0 read |
 | ``worker.model_runner.execute_model`` (instance attribute) | wrapped | only the first dispatch of a step counts (the padding of a KV-sharing prefill and data-parallel re-dispatch come later) | 0.32.0, 0.26.0 (CPU); 0.26.0 CUDA |
 """
 
@@ -43,7 +44,8 @@ def _install_on_worker(worker) -> None:
     counts: Counter = Counter()
     runner._lookahead_graph_modes = counts
     pending = [False]
-    dispatcher = getattr(runner, "cudagraph_dispatcher", None)
+    dispatcher = (getattr(runner, "cudagraph_dispatcher", None)
+                  or getattr(runner, "cudagraph_manager", None))
     execute_model = runner.execute_model
 
     def counted_execute_model(*args, **kwargs):
@@ -63,7 +65,8 @@ def _install_on_worker(worker) -> None:
     def counted_dispatch(*args, **kwargs):
         result = dispatch(*args, **kwargs)
         if pending[0]:
-            counts[result[0].name] += 1
+            mode = result[0] if isinstance(result, tuple) else result.cg_mode
+            counts[mode.name] += 1
             pending[0] = False
         return result
 
