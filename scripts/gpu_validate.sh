@@ -11,9 +11,11 @@
 #   env      install this package next to the kit's vLLM; record GPU, versions, commit
 #   exactness  greedy exactness of lookahead's defaults against no speculation as users
 #            serve it (CUDA graphs, drafts filled to K, trees, chunked prefill and
-#            preemption; batch 8 and 1): bf16 (informational, every divergence with its
-#            top-2 logit gap), bf16 under VLLM_BATCH_INVARIANT=1 and float32 (asserted);
-#            three configurations at once (benchmarks.exactness: exactness.json, .md)
+#            preemption; batch 8 and 1): float32 with IEEE dot products (identical
+#            outputs asserted); bf16, bf16 under VLLM_BATCH_INVARIANT=1 and float32 with
+#            Triton's TF32 default (every divergence asserted to be rounding: a flip at
+#            a near-tie or within plain decoding's own noise between batch 1 and 8);
+#            four configurations at once (benchmarks.exactness: exactness.json, .md)
 #   decomposition  latency, bf16 with CUDA graphs, HumanEval: none / ngram / suffix /
 #            lookahead / lookahead-unfilled, and ngram and suffix with
 #            `cudagraph_mode: FULL` (their best graph mode: FlashAttention 3 replays full
@@ -80,7 +82,8 @@ else
   prompts=${PROMPTS:-10} tokens=${TOKENS:-256} concurrency=16 batch=64 kv_bytes=$((8 << 30))
   tree_dtypes=${TREE_DTYPES:-bfloat16 float16}
   engine_args='{"enforce_eager": false}'
-  exact_configurations=${EXACT_CONFIGURATIONS:-bf16,bf16-batch-invariant,fp32} exact_prompts=4
+  exact_configurations=${EXACT_CONFIGURATIONS:-fp32-ieee,bf16,bf16-batch-invariant,fp32}
+  exact_prompts=4
   graph_dtype=bfloat16
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | awk 'NR==1 {print tolower($2)}')
   results=${results:-benchmarks/results/${gpu:-gpu}-validate-$(date +%F)}
@@ -149,9 +152,9 @@ for step in "${steps[@]}"; do
         | tee -a "$results/env.log" >&2
       ;;
     exactness)
-      LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION=${LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION:-0.25} \
+      LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION=${LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION:-0.2} \
         run exactness yes "$python" -m benchmarks.exactness --model "$model" \
-        --output-dir "$results/exactness" --configurations "$exact_configurations" --jobs 3 \
+        --output-dir "$results/exactness" --configurations "$exact_configurations" --jobs 4 \
         --datasets humaneval,mt_bench --num-prompts "$exact_prompts" --max-tokens "$tokens"
       ;;
     decomposition)

@@ -5,9 +5,9 @@ speculation (``benchmarks.exactness``: the same code runs the GPU configurations
 On CPU (CI): float32, eager, drafts filled to K wherever the batch can be uniform
 (``uniform_drafts: on``; without CUDA graphs ``auto`` never fills) with trees where it
 cannot, and trees on with drafts never filled. On a GPU host,
-``LOOKAHEAD_EXACTNESS=fp32`` (or ``bf16-batch-invariant`` with ``VLLM_BATCH_INVARIANT=1``)
-runs a graph-mode configuration of ``benchmarks.exactness.CONFIGURATIONS`` instead;
-``scripts/gpu_validate.sh exactness`` runs them on a real model with its report.
+``LOOKAHEAD_EXACTNESS=fp32-ieee`` with ``TRITON_F32_DEFAULT=ieee`` runs that graph-mode
+configuration of ``benchmarks.exactness.CONFIGURATIONS`` instead;
+``scripts/gpu_validate.sh exactness`` runs them all on a real model with its report.
 """
 
 from __future__ import annotations
@@ -70,8 +70,15 @@ def test_a_divergence_is_reported_with_the_gap_it_flipped():
 
 def test_a_configuration_passes_only_with_the_steps_it_must_run():
     run = {"variant": "filled-pressure", "batch": 8, "identical": 8, "total": 8,
-           "filled_steps": 3, "tree_steps": 2, "preemptions": 1}
-    assert passed({"runs": [run]})
+           "filled_steps": 3, "tree_steps": 2, "preemptions": 1, "divergences": []}
+    assert passed({"exact": True, "runs": [run]})
     for field in ("filled_steps", "tree_steps", "preemptions"):
-        assert not passed({"runs": [{**run, field: 0}]})
-    assert not passed({"runs": [{**run, "identical": 7}]})
+        assert not passed({"exact": True, "runs": [{**run, field: 0}]})
+    assert not passed({"exact": True, "runs": [{**run, "identical": 7}]})
+    # where the engine rounds by batch shape, only a flip at a wide gap fails
+    rounding = {"near_tie": False, "within_noise": True}
+    flipped = {**run, "identical": 7, "divergences": [rounding]}
+    assert passed({"exact": False, "runs": [flipped]})
+    wide = {**flipped, "divergences": [{**rounding, "within_noise": False}]}
+    assert not passed({"exact": False, "runs": [wide]})
+    assert not passed({"exact": False, "runs": [{**flipped, "divergences": [{"length": 3}]}]})
