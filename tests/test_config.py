@@ -133,6 +133,40 @@ def test_cli_spellings(llama_path, argv):
         assert config.additional_config[ADDITIONAL_CONFIG_KEY]["ngram_size"] == 5
 
 
+def test_method_names_in_any_case_and_cli_option_keys_with_hyphens(llama_path):
+    """``"Lookahead"`` is lookahead (not handed to vLLM unchanged), and the command line
+    takes option keys as vLLM spells its own flags (``draft-min-prob``), as Python does."""
+    config = EngineArgs(model=llama_path,
+                        speculative_config={"method": "Lookahead"}).create_engine_config()
+    assert_lookahead(config)
+    config = engine_config_from_cli([
+        "--model", llama_path, "--speculative-config",
+        '{"method": "LOOKAHEAD", "draft-min-prob": 0.25, "num-speculative-tokens": 6}'])
+    assert_lookahead(config, 6, draft_min_prob=0.25)
+
+
+def test_every_size_option_is_bounded():
+    """A size past its bound is refused at start-up naming the option, the value and the
+    bound, instead of failing in the worker (MemoryError, int32 overflow)."""
+    import dataclasses
+
+    from vllm_lookahead.mtad.options import MTADOptions
+
+    not_sizes = {"tree_free_tokens"}  # a threshold on a measurement, allocates nothing
+    required_by = {LookaheadOptions: {"suffix_match_max": 256}, MTADOptions: {"model": "m"}}
+    for options_cls, required in required_by.items():
+        for f in dataclasses.fields(options_cls):
+            if f.type not in ("int", "int | str") or f.name in not_sizes:
+                continue
+            high = f.metadata["high"]
+            assert high is not None, f"{f.name} has no upper bound"
+            options_cls.from_dict({**required, f.name: high})
+            with pytest.raises(ValueError, match=rf"{f.name} must be an integer in "
+                                                 rf"\[{f.metadata['low']}, {high}\].*"
+                                                 rf"\(got {high + 1}\)"):
+                options_cls.from_dict({**required, f.name: high + 1})
+
+
 def test_vllm_methods_pass_through(llama_path):
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     config = EngineArgs(model=llama_path, speculative_config=spec).create_engine_config()
@@ -142,13 +176,15 @@ def test_vllm_methods_pass_through(llama_path):
 
 BAD_CONFIGS = [
     ({"ngram_sizes": 4}, "unknown option(s) 'ngram_sizes'; accepted options: ngram_size"),
-    ({"ngram_size": 1}, "ngram_size must be an integer >= 2"),
-    ({"window_size": 0}, "window_size must be an integer >= 1"),
-    ({"guess_set_size": -1}, "guess_set_size must be an integer >= 0"),
+    ({"ngram_size": 1}, "ngram_size must be an integer in [2, 16]"),
+    ({"window_size": 0}, "window_size must be an integer in [1, 128]"),
+    ({"guess_set_size": -1}, "guess_set_size must be an integer in [0, 64]"),
     ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer in [1, 128]"),
     ({"num_speculative_tokens": 129}, "num_speculative_tokens must be an integer in [1, 128]"),
     ({"pool_from_prompt": "yes"}, "pool_from_prompt must be true or false"),
-    ({"pool_max_per_key": 0}, "pool_max_per_key must be an integer >= 1"),
+    ({"pool_max_per_key": 0}, "pool_max_per_key must be an integer in [1, 256]"),
+    ({"corpus_tokens": 1 << 30}, "corpus_tokens must be an integer in [0, 16777216] "
+                                 "(got 1073741824)"),
     ({"draft_min_prob": 1.5}, "draft_min_prob must be a number in [0, 1]"),
     ({"draft_min_prob": "high"}, "draft_min_prob must be a number in [0, 1]"),
     ({"suffix_match_min": 5, "suffix_match_max": 3},
@@ -156,7 +192,7 @@ BAD_CONFIGS = [
     ({"prompt_lookup_max": 3}, "prompt_lookup_max cannot be used with method 'lookahead'"),
     ({"model": "some/draft-model"}, "method 'lookahead' has no draft model"),
     ({"trees": "yes"}, "trees must be 'auto' or 'on' or 'off' (got 'yes')"),
-    ({"recycle_top_k": "many"}, 'recycle_top_k must be an integer >= 0 or "auto"'),
+    ({"recycle_top_k": "many"}, 'recycle_top_k must be an integer in [0, 64] or "auto"'),
     ({"ngram_size": 2, "tree_window": 2}, "tree_window needs ngram_size >= 3"),
 ]
 
@@ -197,7 +233,7 @@ def test_server_rejects_bad_option_at_startup_without_traceback(llama_path):
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2
-    assert "ngram_size must be an integer >= 2" in result.stderr
+    assert "ngram_size must be an integer in [2, 16]" in result.stderr
     assert "Traceback" not in result.stderr
 
 

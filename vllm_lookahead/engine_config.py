@@ -50,9 +50,10 @@ def install() -> None:
 
 
 def selected_method(spec: dict[str, Any]) -> Method | None:
-    """Our method that ``spec`` asks for, or None if it asks for a vLLM method."""
+    """Our method that ``spec`` asks for (its name in any case), or None if it asks for
+    a vLLM method."""
     name, model = spec.get("method"), spec.get("model")
-    method = METHODS.get(name)
+    method = METHODS.get(name.lower() if isinstance(name, str) else name)
     if method is not None:
         if not method.takes_model and model is not None and model not in method.model_aliases:
             raise ValueError(
@@ -79,6 +80,8 @@ def rewrite_speculative_config(
     additional_config = dict(additional_config or {})
     if method is None:
         return spec, additional_config
+    # option keys as on vLLM's command line (``draft-min-prob``) mean the same
+    spec = {key.replace("-", "_"): value for key, value in spec.items()}
     missing = missing_features()
     if missing:
         raise ValueError(
@@ -150,10 +153,9 @@ def _patch_create_speculative_config(engine_args_cls: type) -> None:
         def create_speculative_config(self, *args, **kwargs):
             _fold_spec_aliases(self)
             if isinstance(self.speculative_config, dict):
-                spec = {k.replace("-", "_"): v for k, v in self.speculative_config.items()}
                 target = args[0] if args else kwargs.get("target_model_config")
                 self.speculative_config, self.additional_config = rewrite_speculative_config(
-                    spec, self.additional_config, target
+                    self.speculative_config, self.additional_config, target
                 )
             return original(self, *args, **kwargs)
 

@@ -34,9 +34,11 @@ def method_options(vllm_config: Any, options_cls: type) -> Any:
 
 def option_field(default: Any, low: float | None, doc: str, high: float | None = None,
             choices: tuple[str, ...] = (), low_open: bool = False, auto: bool = False):
-    """A validated option: ints >= ``low`` (or the string ``"auto"`` if ``auto``); floats
-    in [``low``, ``high``] (default [0, 1], ``low`` excluded if ``low_open``); strings
-    among ``choices``."""
+    """A validated option: ints in [``low``, ``high``] (no upper bound without ``high``;
+    every size is bounded, so that a large value is refused here and not in the worker
+    as a MemoryError or an overflow; or the string ``"auto"`` if ``auto``); floats in
+    [``low``, ``high``] (default [0, 1], ``low`` excluded if ``low_open``); strings among
+    ``choices``."""
     return field(default=default, metadata={"low": low, "high": high, "choices": choices,
                                             "low_open": low_open, "auto": auto, "doc": doc})
 
@@ -104,10 +106,12 @@ def check_value(f: dataclasses.Field, value: Any, label: str | None = None) -> A
             raise ValueError(f"{label} must be a number in {_float_range_text(f)} "
                              f"(got {value!r})")
         return float(value)
-    accepted = f"an integer >= {low}" + ' or "auto"' * f.metadata["auto"]
+    high = f.metadata["high"]
+    accepted = (f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+                ) + ' or "auto"' * f.metadata["auto"]
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{label} must be {accepted} (got {value!r})")
-    if value < low:
+    if value < low or (high is not None and value > high):
         raise ValueError(f"{label} must be {accepted} (got {value})")
     return value
 
@@ -137,7 +141,9 @@ def accepted_text(f: dataclasses.Field) -> str:
         return "true / false"
     if isinstance(f.default, float):
         return f"number in {_float_range_text(f)}"
-    return f"integer >= {f.metadata['low']}" + " or `auto`" * f.metadata["auto"]
+    low, high = f.metadata["low"], f.metadata["high"]
+    accepted = f"integer >= {low}" if high is None else f"integer in [{low}, {high}]"
+    return accepted + " or `auto`" * f.metadata["auto"]
 
 
 def check_num_speculative_tokens(value: Any, method: str = "lookahead") -> int:

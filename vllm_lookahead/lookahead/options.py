@@ -7,7 +7,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_lookahead.options import MethodOptions, check_value, option_field, options_table
+from vllm_lookahead.options import (
+    MAX_SPEC_TOKENS,
+    MethodOptions,
+    check_value,
+    option_field,
+    options_table,
+)
 
 #: K when ``num_speculative_tokens`` is not given.
 DEFAULT_SPEC_TOKENS = 24
@@ -25,6 +31,13 @@ UNIFORM_MODES = ("auto", "on", "off")
 AUTO_TREE_FREE_TOKENS = 150
 #: ``recycle_top_k: "auto"`` where trees are on.
 RECYCLE_TOP_K_WITH_TREES = 8
+#: Upper bounds of the size options, refused at start-up beyond them. The corpora keep
+#: three int32 arrays a token (about 12 bytes, 200 MiB at the bound, per worker); the
+#: recycled table is vocabulary x k token ids and log-probabilities (152k x 64: 78 MB);
+#: a step verifies at most vLLM's 128 draft tokens a request, which bounds the rest.
+MAX_CORPUS_TOKENS = 1 << 24
+MAX_TOP_K = 64
+MAX_TREE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -34,30 +47,33 @@ class LookaheadOptions(MethodOptions):
     METHOD = "lookahead"
 
     ngram_size: int = option_field(
-        4, 2, "N: n-gram length in the pool (a key token plus N-1 continuation tokens)."
+        4, 2, "N: n-gram length in the pool (a key token plus N-1 continuation tokens).",
+        high=16,
     )
     window_size: int = option_field(
-        8, 1,
+        8, 1, high=MAX_SPEC_TOKENS, doc=
         "W: Jacobi columns harvested per verification pass (the target's predictions "
         "at the draft positions, also after the first rejection).",
     )
     guess_set_size: int = option_field(
-        8, 0,
+        8, 0, high=MAX_TOP_K, doc=
         "G: most recent pool entries ranked per key when a draft comes from the pool; "
         "0 drafts from prompt/output suffix matches only.",
     )
     pool_from_prompt: bool = option_field(True, None, "Seed the pool with the prompt's n-grams.")
     pool_max_per_key: int = option_field(
-        8, 1, "Pool bound: entries kept per key token (least recently used evicted)."
+        8, 1, "Pool bound: entries kept per key token (least recently used evicted).",
+        high=256,
     )
     pool_max_keys: int = option_field(
-        65536, 1, "Pool bound: key tokens kept per request (least recently used evicted)."
+        65536, 1, "Pool bound: key tokens kept per request (least recently used evicted).",
+        high=1 << 20,
     )
     suffix_match_min: int = option_field(
-        2, 1, "Shortest context suffix that a prompt/output match must repeat."
+        2, 1, "Shortest context suffix that a prompt/output match must repeat.", high=256,
     )
     suffix_match_max: int = option_field(
-        16, 1, "Longest context suffix tried for a prompt/output match."
+        16, 1, "Longest context suffix tried for a prompt/output match.", high=256,
     )
     draft_min_prob: float = option_field(
         0.1, None,
@@ -84,13 +100,13 @@ class LookaheadOptions(MethodOptions):
         "their cost per node and tree.",
     )
     corpus_tokens: int = option_field(
-        262144, 0,
+        262144, 0, high=MAX_CORPUS_TOKENS, doc=
         "Cross-request memory: tokens of finished responses kept (per worker, oldest "
         "dropped) and searched for repeats of the context's suffix; 0 turns all "
         "cross-request memory off (live_corpus_tokens too).",
     )
     live_corpus_tokens: int = option_field(
-        262144, 0,
+        262144, 0, high=MAX_CORPUS_TOKENS, doc=
         "Cross-request memory of the responses being generated: the other requests' "
         "outputs so far, searched like the finished ones (per worker, split evenly "
         "among max_num_seqs requests, each keeping its first tokens); 0 turns it off.",
@@ -99,14 +115,14 @@ class LookaheadOptions(MethodOptions):
         True, None, "Feed the pool with the target's predictions captured at verification."
     )
     rescoring_top_k: int = option_field(
-        0, 0,
+        0, 0, high=MAX_TOP_K, doc=
         "Draft rescoring (blockwise parallel decoding's lattice): capture the target's "
         "top-k tokens at the draft positions past a rejection, and choose the draft after "
         "the correction token among the pool's entries and the lattice's top path by "
         "pool frequency times lattice probability; 0 turns it off.",
     )
     recycle_top_k: int | str = option_field(
-        "auto", 0,
+        "auto", 0, high=MAX_TOP_K, doc=
         "Token Recycling: keep the target's top-k next tokens after every token it has "
         "seen in any pass (draft positions, rejected ones too, and the sampled position; "
         "vocabulary x k per worker, shared by its requests) and continue a draft the "
@@ -150,7 +166,7 @@ class LookaheadOptions(MethodOptions):
         "the time each token more adds) that turn trees on.",
     )
     tree_candidates: int = option_field(
-        4, 0,
+        4, 0, high=MAX_TREE_SIZE, doc=
         "Tree drafts: the pool's most frequent continuations of the last token, and (with "
         "recycling) up to as many (ngram_size - 1)-token chains' worth of nodes from "
         "the target's recycled top-k, grown best-first by probability, verified beside "
@@ -158,7 +174,7 @@ class LookaheadOptions(MethodOptions):
         "attention kernel as sequences of their own); 0 turns them off.",
     )
     tree_window: int = option_field(
-        4, 0,
+        4, 0, high=MAX_TREE_SIZE, doc=
         "Tree drafts: columns of Lookahead Decoding's Jacobi window (ngram_size - 1 "
         "levels) run in the same pass; each step harvests one n-gram per column and "
         "slides the window; 0 turns the window off.",

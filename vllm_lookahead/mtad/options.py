@@ -25,7 +25,10 @@ class MTADOptions(MethodOptions):
         "Auxiliary model (local path or Hugging Face name) with the target's vocabulary; "
         "it drafts by beam sampling.",
     )
-    beam_width: int = option_field(4, 1, "B: beams kept while drafting (verified: the best one, or all; `candidates`).")
+    beam_width: int = option_field(
+        4, 1, "B: beams kept while drafting (verified: the best one, or all; `candidates`).",
+        high=16,
+    )
     acceptance: str = option_field(
         "joint", None,
         "`joint`: MTAD's rule, the longest draft prefix whose joint ratio P_target/Q_aux "
@@ -42,7 +45,8 @@ class MTADOptions(MethodOptions):
         1.0, 0.0, "Temperature of the auxiliary model's beam sampling.", high=100.0,
         low_open=True,
     )
-    draft_top_k: int = option_field(10, 0, "Top-k of the auxiliary model's beam sampling (0: off).")
+    draft_top_k: int = option_field(10, 0, "Top-k of the auxiliary model's beam sampling (0: off).",
+                                    high=1024)
     draft_top_p: float = option_field(
         0.9, 0.0, "Top-p of the auxiliary model's beam sampling.", low_open=True,
     )
