@@ -189,8 +189,10 @@ def write_results(results: dict, folder: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b",
+                        help="a benchmarks.models name or a model folder")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                        help="a benchmarks.models name or a model folder")
     parser.add_argument("--methods", default="none,draft_model,mtad_joint,mtad_lossless,"
                                               "mtad_tree_joint,mtad_tree_lossless")
     parser.add_argument("--humaneval", type=int, default=10, help="HumanEval prompts")
@@ -199,19 +201,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--engine-args", type=json.loads, default={},
+                        help='more engine keyword arguments as JSON, e.g. '
+                             '\'{"enforce_eager": false}\' for CUDA graphs')
     add_arguments(parser, "<machine>-<target>-mtad")
     args = parser.parse_args(argv)
 
     from vllm import SamplingParams
 
-    target, draft = str(fetch(args.target)), str(fetch(args.draft))
+    target, draft = (name if Path(name).is_dir() else str(fetch(name))
+                     for name in (args.target, args.draft))
     configs = method_configs(draft, args.num_speculative_tokens)
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in configs]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; known: {', '.join(configs)}")
     engine_args = dict(enforce_eager=True, dtype=args.dtype, max_model_len=2048,
-                       kv_cache_memory_bytes=1 << 30, seed=0)
+                       kv_cache_memory_bytes=1 << 30, seed=0, **args.engine_args)
     prompter = ChatPrompter(target)
     samples = {"humaneval": load("humaneval", args.humaneval),
                "mt_bench": load("mt_bench", args.mt_bench)}
@@ -249,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
                            for o in outputs] for name, outputs in runs.items()},
     }
     folder = make_run_folder(args.output_dir,
-                             args.name or f"{machine.default_name()}-{args.target}-mtad",
+                             args.name or f"{machine.default_name()}-{Path(args.target).name}-mtad",
                              command_line("benchmarks.mtad", argv))
     for path in write_results(results, folder):
         print(path)

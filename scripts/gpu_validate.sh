@@ -20,6 +20,19 @@
 #            lookahead / lookahead-unfilled, and ngram and suffix with
 #            `cudagraph_mode: FULL` (their best graph mode: FlashAttention 3 replays full
 #            graphs of mixed batches); steps by graph mode and ms per step beside S
+#   dummy-8b  a Llama-3.1-8B-shaped model with random weights (vLLM load_format dummy,
+#            benchmarks.dummy_model: the config and the staged model's tokenizer): step
+#            time by tokens per request (1-64) and batch (1-64), FULL vs PIECEWISE
+#            (benchmarks.step_cost)
+#   dummy-8b-worst  the same model, drafts never accepted (random weights): none vs
+#            lookahead's defaults at batch 1 (latency) and 64 (throughput); the start-up
+#            table gives the measured free tokens and the trees `auto` decision
+#   ray      tests/test_ray.py: the plugin under Ray's executor on one GPU (stage Ray:
+#            bash shared/gpu/stage.sh --add ray)
+#   mtad     MTAD on CUDA, SmolLM2 as target and auxiliary model, CUDA graphs, greedy
+#            and T 1: drafts accepted, the joint rule's acceptance (benchmarks.mtad)
+#   next N   the first N of issue 53's steps (exactness decomposition dummy-8b
+#            dummy-8b-worst ray mtad) that scripts/gpu_steps_done.txt does not list
 #   tree-check  the tree step's start-up self-check on the real model, with CUDA graphs
 #            (as users run vLLM), in bf16 and fp16 (the device's own attention backend;
 #            the tiny-model tests run float32, which FlashAttention does not take): its
@@ -53,17 +66,23 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dry_run=0 results="" model="" steps=()
+dry_run=0 results="" model="" steps=() next_count=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --results) results=$2; shift ;;
     --model) model=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
-    env|exactness|decomposition|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
-    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env exactness decomposition tree-check greedy greedy-bf16 trees server latency load batch64; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+    env|exactness|decomposition|dummy-8b|dummy-8b-worst|ray|mtad|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
+    next) next_count=${2:-1}; shift ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env exactness decomposition dummy-8b dummy-8b-worst ray mtad tree-check greedy greedy-bf16 trees server latency load batch64, next N; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
   esac
   shift
+done
+for step in exactness decomposition dummy-8b dummy-8b-worst ray mtad; do  # issue 53's order
+  [ "$next_count" -gt 0 ] || break
+  grep -q "^$step " scripts/gpu_steps_done.txt && continue
+  steps+=("$step"); next_count=$((next_count - 1))
 done
 [ ${#steps[@]} -gt 0 ] || steps=(env exactness decomposition tree-check greedy greedy-bf16 trees server latency load batch64)
 
@@ -74,6 +93,8 @@ if [ $dry_run = 1 ]; then
   prompts=2 tokens=32 concurrency=4 batch=8 kv_bytes=$((1 << 30)) tree_dtypes=bfloat16
   engine_args='{"enforce_eager": true}'
   exact_configurations=cpu-fp32 exact_prompts=1 graph_dtype=float32
+  dummy_shape="" dummy_cost=(--ks 3 --tokens 1,4 --batches 1,2 --steps 4 --enforce-eager
+                             --dtype float32) worst_batch=4
   results=${results:-/tmp/gpu-validate-dry-run}
 else
   [ -f /tmp/gpu-stage/env.sh ] && source /tmp/gpu-stage/env.sh
@@ -85,6 +106,7 @@ else
   exact_configurations=${EXACT_CONFIGURATIONS:-fp32-ieee,bf16,bf16-batch-invariant,fp32}
   exact_prompts=4
   graph_dtype=bfloat16
+  dummy_shape=llama-3.1-8b dummy_cost=() worst_batch=64
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | awk 'NR==1 {print tolower($2)}')
   results=${results:-benchmarks/results/${gpu:-gpu}-validate-$(date +%F)}
 fi
@@ -167,6 +189,39 @@ for step in "${steps[@]}"; do
         --method-config 'ngram-full={"method": "ngram"}' \
         --method-config 'suffix-full={"method": "suffix"}' \
         --method-engine-args "ngram-full=$full" --method-engine-args "suffix-full=$full"
+      ;;
+    dummy-8b|dummy-8b-worst)
+      dummy=$model  # dry run: the small model's own config, random weights
+      if [ -n "$dummy_shape" ]; then
+        dummy=/tmp/models/$dummy_shape-shape
+        run dummy-model yes "$python" -m benchmarks.dummy_model --shape "$dummy_shape" \
+          --tokenizer "$model" --output "$dummy"
+      fi
+      if [ "$step" = dummy-8b ]; then
+        run dummy-8b yes "$python" -m benchmarks.step_cost --model "$dummy" --load-format dummy \
+          --output-dir "$results" --name "$(basename "$dummy")-step-cost" "${dummy_cost[@]}"
+      else
+        for mode in latency throughput; do
+          count=$([ $mode = latency ] && echo 2 || echo "$worst_batch")
+          run "dummy-8b-worst-$mode" yes "$python" -m benchmarks.run --model "$dummy" \
+            --methods none,lookahead --dtype "$graph_dtype" --max-tokens 128 \
+            --kv-cache-memory-bytes "$kv_bytes" --mode "$mode" --datasets humaneval \
+            --num-prompts "$count" --output-dir "$results" \
+            --engine-args "${engine_args%\}}, \"load_format\": \"dummy\", \"max_num_seqs\": $worst_batch}"
+        done
+      fi
+      ;;
+    ray)
+      run ray yes "$python" -m pytest -q -rs --junitxml "$results/ray.xml" tests/test_ray.py
+      ;;
+    mtad)
+      for temperature in 0 1; do
+        run "mtad-t$temperature" yes "$python" -m benchmarks.mtad --target "$model" \
+          --draft "$model" --methods none,mtad_joint --humaneval "$prompts" \
+          --mt-bench "$prompts" --max-tokens "$tokens" --temperature "$temperature" \
+          --dtype "$graph_dtype" --engine-args "$engine_args" --output-dir "$results" \
+          --name "$(basename "$model")-mtad-t$temperature"
+      done
       ;;
     tree-check)
       path=$model  # a folder, or a name benchmarks.models fetches (pinned, sha256-checked)
