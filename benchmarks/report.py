@@ -74,7 +74,7 @@ def render_markdown(results: dict, rows: list[dict]) -> str:
          "first divergence = token index of the first difference (mean/min). Accepted by "
          "source: lookahead's accepted draft tokens by the source that drafted them (tree: "
          "nodes off the main draft; server: read from /metrics, which may lag by a second). "
-         "See benchmarks/README.md."),
+         "See docs/benchmarking.md."),
         "",
     ]
     return "\n".join(lines)

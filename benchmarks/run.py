@@ -12,7 +12,7 @@ Writes a run folder benchmarks/results/<date>-<name>/ (name: --name, default
 <machine>-<model>-<modes>) with command.txt, results.json (all raw numbers, saved
 after every measurement), then results.md and PNG plots (regenerate them with
 `python -m benchmarks.report <folder>/results.json`).
-See benchmarks/README.md for what each number means.
+See docs/benchmarking.md for what each number means.
 """
 
 from __future__ import annotations

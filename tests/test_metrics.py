@@ -12,7 +12,7 @@ from conftest import fake_vllm_config
 from vllm_lookahead import metrics
 from vllm_lookahead.metrics import ProposerStats
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 DASHBOARD = (Path(__file__).resolve().parents[1]
              / "examples" / "grafana" / "vllm_lookahead_dashboard.json")
 #: vLLM's spec-decode counters the dashboard reads, as scraped
@@ -99,7 +99,7 @@ def test_mtad_exports_the_shared_metrics_under_its_name_and_none_of_lookaheads(
 
 
 def test_collector_exports_the_metric_table():
-    """What ``exported_metrics`` lists (the README's table, the dashboard's check) is
+    """What ``exported_metrics`` lists (docs/metrics.md's table, the dashboard's check) is
     what the collector exports, name, type and label."""
     collector = metrics.SnapshotCollector()
     collector.watch(Path("/nonexistent"), "m", [0], "lookahead")
@@ -108,8 +108,9 @@ def test_collector_exports_the_metric_table():
     assert scraped == {(name, kind) for name, kind, _, _ in metrics.exported_metrics()}
 
 
-def test_readme_metric_table_is_the_exported_one():
-    assert metrics.metrics_table() in README.read_text()
+def test_metrics_page_table_is_the_exported_one():
+    """docs/metrics.md holds the metric table the code generates."""
+    assert metrics.metrics_table() in METRICS_PAGE.read_text()
 
 
 def queried_metrics(node) -> set[str]:

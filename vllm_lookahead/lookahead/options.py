@@ -26,8 +26,9 @@ UNIFORM_MODES = ("auto", "on", "off")
 #: at 88-98 free tokens, where they made 0.91-0.99x the linear drafts' tokens/s
 #: (benchmarks/README.md, run (ao)): they break even near 130. Two CPUs measured 15-30
 #: (AMD EPYC, an earlier session's note) and 88-111 (Intel Xeon) for SmolLM2-135M, 130
-#: for Qwen2.5-Coder-0.5B (trees made 0.66-0.87x there, run (as)); a
-#: GPU at small batch should measure hundreds and more (not run).
+#: for Qwen2.5-Coder-0.5B (trees made 0.66-0.87x there, run (as)). GPUs with SmolLM2-135M
+#: measured more: an H100 238 (run (cl)), an H200 unbounded (a pass of 33 tokens as fast
+#: as one, run (ca)).
 AUTO_TREE_FREE_TOKENS = 150
 #: ``recycle_top_k: "auto"`` where trees are on.
 RECYCLE_TOP_K_WITH_TREES = 8
@@ -255,7 +256,7 @@ def request_overrides(extra_args: dict[str, Any] | None, server_k: int,
 
 
 def lookahead_options_table() -> str:
-    """Markdown table of the ``lookahead`` options, for the README (kept in sync by a test)."""
+    """Markdown table of the ``lookahead`` options, for docs/options.md (kept in sync by a test)."""
     return options_table(LookaheadOptions, DEFAULT_SPEC_TOKENS,
                          "Most draft tokens verified per step (the cap of the adaptive "
                          "draft length).")
