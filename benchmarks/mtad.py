@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [m for m in methods if m not in configs]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; known: {', '.join(configs)}")
-    engine_args = dict(enforce_eager=True, dtype=args.dtype, max_model_len=2048,
-                       kv_cache_memory_bytes=1 << 30, seed=0, **args.engine_args)
+    engine_args = {**dict(enforce_eager=True, dtype=args.dtype, max_model_len=2048,
+                          kv_cache_memory_bytes=1 << 30, seed=0), **args.engine_args}
     prompter = ChatPrompter(target)
     samples = {"humaneval": load("humaneval", args.humaneval),
                "mt_bench": load("mt_bench", args.mt_bench)}

@@ -24,9 +24,11 @@
 #            benchmarks.dummy_model: the config and the staged model's tokenizer): step
 #            time by tokens per request (1-64) and batch (1-64), FULL vs PIECEWISE
 #            (benchmarks.step_cost)
-#   dummy-8b-worst  the same model, drafts never accepted (random weights): none vs
-#            lookahead's defaults at batch 1 (latency) and 64 (throughput); the start-up
-#            table gives the measured free tokens and the trees `auto` decision
+#   dummy-8b-worst  the same model, drafts never accepted: none vs lookahead's defaults
+#            at batch 1 (latency) and 64 (throughput), sampled at T 1 (random weights
+#            give nearly uniform logits, so sampled tokens are random; greedy output
+#            of random weights loops and drafts are all accepted); the start-up table
+#            gives the measured free tokens and the trees `auto` decision
 #   ray      tests/test_ray.py: the plugin under Ray's executor on one GPU (stage Ray:
 #            bash shared/gpu/stage.sh --add ray)
 #   mtad     MTAD on CUDA, SmolLM2 as target and auxiliary model, CUDA graphs, greedy
@@ -192,6 +194,7 @@ for step in "${steps[@]}"; do
       ;;
     dummy-8b|dummy-8b-worst)
       dummy=$model  # dry run: the small model's own config, random weights
+      [ -d "$dummy" ] || dummy=$("$python" -c 'import sys; from benchmarks.models import fetch; print(fetch(sys.argv[1]))' "$model")
       if [ -n "$dummy_shape" ]; then
         dummy=/tmp/models/$dummy_shape-shape
         run dummy-model yes "$python" -m benchmarks.dummy_model --shape "$dummy_shape" \
@@ -204,7 +207,7 @@ for step in "${steps[@]}"; do
         for mode in latency throughput; do
           count=$([ $mode = latency ] && echo 2 || echo "$worst_batch")
           run "dummy-8b-worst-$mode" yes "$python" -m benchmarks.run --model "$dummy" \
-            --methods none,lookahead --dtype "$graph_dtype" --max-tokens 128 \
+            --methods none,lookahead --dtype "$graph_dtype" --max-tokens 128 --temperature 1 \
             --kv-cache-memory-bytes "$kv_bytes" --mode "$mode" --datasets humaneval \
             --num-prompts "$count" --output-dir "$results" \
             --engine-args "${engine_args%\}}, \"load_format\": \"dummy\", \"max_num_seqs\": $worst_batch}"
