@@ -21,7 +21,7 @@ from conftest import (
 )
 from vllm import LLM, SamplingParams
 
-from vllm_lookahead.worker.runner import allows_trees
+from vllm_lookahead.worker.runner_state import allows_trees
 from vllm_lookahead.worker.tree_step import check_tree_attention
 from vllm_lookahead.tree import (
     TreeBuilder,

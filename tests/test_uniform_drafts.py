@@ -19,7 +19,7 @@ from vllm_lookahead.lookahead.uniform_drafts import (
     fill_draft,
 )
 from vllm_lookahead.metrics import ACCEPTED_SOURCES
-from vllm_lookahead.worker.runner import uniform_graph_requests
+from vllm_lookahead.worker.runner_state import uniform_graph_requests
 
 K = 4
 

@@ -46,7 +46,7 @@ from vllm_lookahead.metrics import (
     SnapshotWriter,
 )
 from vllm_lookahead.options import method_options
-from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import runner_state
 from vllm_lookahead.worker import tree_step
 from vllm_lookahead.worker.hooks import VerificationCapture
 

@@ -14,7 +14,7 @@ from vllm_lookahead.lookahead.budget import sampling_class
 from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.sources.pool import NgramPool
-from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import runner_state
 
 if TYPE_CHECKING:  # drafts.py imports this module
     from vllm_lookahead.lookahead.sources.drafts import Draft

@@ -38,7 +38,7 @@ from vllm_lookahead.mtad.beams import AuxiliaryState, Beams, BeamSampler, DraftJ
 from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.options import method_options
 from vllm_lookahead.tree import TreeBuilder, first_chain, is_chain
-from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import runner_state
 from vllm_lookahead.worker import sampler, tree_step
 
 logger = get_logger(__name__)

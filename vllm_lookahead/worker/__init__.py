@@ -6,6 +6,20 @@ predictions, and vLLM's CPU fallback corrupts sampling verification. Each patch
 below wraps the original (no vLLM method body is copied) and is installed at most
 once per process; the runner, sampler and attention patches only in worker processes.
 
+The modules import only downwards, bottom floor first:
+
+1. ``runner_state``, ``hooks``, ``tree_attention``, ``cpu_top_p``: leaves (the runner's
+   state as drafters read it, the drafter protocol, the backend-neutral tree data and
+   KV operations, top-p on CPU);
+2. ``scratch``, ``auxiliary_model``: the scratch blocks; a second model on the paged
+   KV cache;
+3. ``tree_step``, then ``attention_backends`` on it: the tree step in the runner and
+   each backend's part of it;
+4. ``tree_check``, ``start_cost``, then ``start_up`` running both once the KV cache
+   exists: the start-up procedures that use the tree step;
+5. ``sampler``, ``scheduler``, then ``runner``: the sampler's hooks, the engine core's
+   side, the runner binding; this package's ``install`` on top.
+
 | vLLM attribute | module | patch | why | verified on |
 |---|---|---|---|---|
 | ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | ``__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0, 0.26.0 (CPU, mp executor, TP 1 and 2); 0.33.0 read |
@@ -14,7 +28,7 @@ once per process; the runner, sampler and attention patches only in worker proce
 | ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE), plans the step's branches and their scratch blocks (``tree_attention``) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``builder.build`` of each ``runner.attn_groups[0][i].metadata_builders`` (instance attribute) | ``tree_step`` | wrapped | in a step with trees, builds the backend's metadata (and whatever it derives from ``seq_lens``: FA3's scheduler metadata, FlashInfer's plan) from ``CommonAttentionMetadata`` split into branch sequences (``tree_attention.split_metadata``), without cascade attention | 0.32.0, 0.26.0 (CPU_ATTN); 0.33.0 read |
 | ``runner._determine_batch_execution_and_padding`` (instance attribute, once the tree self-check has passed) | ``tree_step`` | wrapped | a step with trees runs without CUDA graphs (``force_eager``): a graph captured for a uniform linear draft would replay it without its tree metadata and scratch writes | 0.32.0, 0.26.0 read (called after ``_prepare_inputs``, has ``force_eager``); never run on CUDA |
-| ``runner.initialize_kv_cache`` (instance attribute, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | once the KV cache exists (not vLLM's minimal profiling cache, ``is_profiling``): for trees ``auto``, times the target's passes of 1 to 33 query tokens (``start_cost``, its own table); then, if trees are still on, wraps the metadata builders and the attention implementations in use and runs the tree step's self-check (``tree_check``, its own table); the drafter gets both before the first request | 0.32.0, 0.26.0 (CPU) |
+| ``runner.initialize_kv_cache`` (instance attribute, drafters with ``draft_tree`` only) | ``start_up`` | wrapped | once the KV cache exists (not vLLM's minimal profiling cache, ``is_profiling``): for trees ``auto``, times the target's passes of 1 to 33 query tokens (``start_cost``, its own table); then, if trees are still on, wraps the metadata builders and the attention implementations in use and runs the tree step's self-check (``tree_check``, its own table); the drafter gets both before the first request | 0.32.0, 0.26.0 (CPU) |
 | ``forward`` of the attention implementations (``CPUAttentionBackendImpl``, ``FlashAttentionImpl``, ``TritonAttentionImpl``, ``FlashInferImpl``, ``FlexAttentionImpl``) the target uses | ``attention_backends`` | wrapped | before the kernel, fills the branches' scratch blocks (root block copy, path keys and values) and keeps the tree nodes' keys and values for the move after verification | CPU_ATTN: 0.32.0, 0.26.0 (CPU), 0.33.0 read; the others read on 0.32.0 and 0.26.0, never run |
 | ``impl.do_kv_cache_update``, ``layer.attn_backend.get_kv_cache_shape`` | ``tree_attention`` | called | the backend's own KV writer fills scratch blocks and moves accepted nodes; the shape tells which cache dimension indexes blocks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``vllm.v1.engine.core.EngineCore._initialize_kv_caches``, ``self.model_executor.collective_rpc`` | ``scheduler`` | wrapped (every process; acts in the engine core, which loads plugins in ``EngineCore.__init__`` before calling it); called | once it returns, the workers have their KV cache and have decided on trees (trees ``auto``, self-check): each is asked which scratch blocks it uses (``scratch.blocks_in_use``), for the scheduler built next from the returned config | 0.32.0, 0.26.0 (CPU, uni and mp executors); 0.33.0 read |
@@ -26,8 +40,8 @@ once per process; the runner, sampler and attention patches only in worker proce
 | ``runner.sampler.forward`` (instance attribute of the bound runner's ``Sampler``, which its ``rejection_sampler`` shares; drafters with ``capture_last_top_k`` when the runner is built: lookahead with recycling, ``recycle_top_k`` or trees that may be on; the wrapper reads it again each pass: 0 once trees are off, and with ``auto`` recycling in a pass that verifies drafts filled to K) | ``sampler`` | wrapped | before vLLM processes the logits in place, hands the drafter the target's top-k at each row's last position (the one the next or bonus token is sampled from) in every pass, drafts or none: Token Recycling's predictions after the last input token | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | ``sampler`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0, 0.26.0 (CPU); 0.33.0 read (bug still there) |
 | ``vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p``, ``vllm.v1.sample.rejection_sampler.apply_top_k_top_p`` | ``cpu_top_p`` | wrapped, only on CPU (every engine, any method) | rows whose top-p nucleus (with top-k) the 128 largest logits decide skip vLLM's sort of the whole vocabulary, which cost more than the model's own share of a verified token under top-p; other rows go to vLLM's function | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
-| ``runner.cudagraph_dispatcher.cudagraph_keys`` (``BatchDescriptor.uniform``, ``.num_reqs``) | ``runner`` | read | which batch sizes of uniform decode steps (every request 1 + K tokens) replay a full CUDA graph that other speculative steps do not get (``uniform_drafts``: lookahead fills its drafts to K there) | 0.32.0, 0.26.0 read (CPU: no keys); never run on CUDA |
-| ``vllm.distributed.get_tp_group().broadcast_object`` | ``runner`` | called | every rank drafts with the first rank's step budget; MTAD drafts on the first rank only | 0.32.0, 0.26.0 (CPU, TP 2); 0.33.0 read |
+| ``runner.cudagraph_dispatcher.cudagraph_keys`` (``BatchDescriptor.uniform``, ``.num_reqs``) | ``runner_state`` | read | which batch sizes of uniform decode steps (every request 1 + K tokens) replay a full CUDA graph that other speculative steps do not get (``uniform_drafts``: lookahead fills its drafts to K there) | 0.32.0, 0.26.0 read (CPU: no keys); never run on CUDA |
+| ``vllm.distributed.get_tp_group().broadcast_object`` | ``runner_state`` | called | every rank drafts with the first rank's step budget; MTAD drafts on the first rank only | 0.32.0, 0.26.0 (CPU, TP 2); 0.33.0 read |
 """
 
 from __future__ import annotations

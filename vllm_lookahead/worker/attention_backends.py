@@ -6,8 +6,9 @@ The part is the same for every backend below: each writes its KV cache through
 ``do_kv_cache_update`` (vLLM calls it before ``forward``, ``forward_includes_kv_cache_update``
 is false) and reads it in ``forward`` by the metadata's block tables, which
 ``tree_step`` builds from the branch-split batch. A backend's ``forward`` is wrapped
-when a model that drafts trees is found to use it; whether trees then run is decided
-on the device by the start-up self-check (``tree_check``), and steps with trees run
+(by ``start_up``, once the KV cache exists) when a model that drafts trees is found to
+use it, if it is one of ``tree_step.TREE_IMPLS``; whether trees then run is decided on
+the device by the start-up self-check (``tree_check``), and steps with trees run
 without CUDA graphs (``tree_step.run_tree_steps_eagerly``).
 
 | vLLM attribute | patch | why | verified on |
@@ -24,16 +25,11 @@ from typing import Any
 from vllm_lookahead import _patching
 from vllm_lookahead.worker import tree_attention, tree_step
 
-#: Attention implementations (by class name) whose tree step is the generic one; the
-#: start-up self-check still has to pass on the device in use.
-TREE_IMPLS = frozenset({"CPUAttentionBackendImpl", "FlashAttentionImpl", "TritonAttentionImpl",
-                        "FlashInferImpl", "FlexAttentionImpl"})
-
 
 def wrap_forwards(impls: list[Any]) -> None:
     """Wrap ``forward`` of each implementation class among ``impls`` (once per class)."""
     for cls in {type(impl) for impl in impls}:
-        if cls.__name__ not in TREE_IMPLS:
+        if cls.__name__ not in tree_step.TREE_IMPLS:
             raise ValueError(f"vllm-lookahead: no tree step for {cls.__name__}")
         _patching.wrap(cls, "forward", _tree_aware_forward)
 

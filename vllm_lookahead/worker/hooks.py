@@ -2,7 +2,7 @@
 
 vLLM builds the drafter (our proposer) from ``speculative_config`` and knows only its
 ``propose`` and ``load_model``; everything else reaches it through these hooks, which
-``runner.bind`` looks up once when the model runner is built.
+``runner.binding_init`` looks up once when the model runner is built.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 from vllm_lookahead import _patching
 from vllm_lookahead.log import get_logger
 from vllm_lookahead.tree import accepted_path, path_by_tokens
-from vllm_lookahead.worker import tree_attention, tree_step
+from vllm_lookahead.worker import cpu_top_p, tree_attention, tree_step
 from vllm_lookahead.worker.hooks import AcceptanceRule, VerificationCapture, hook
 
 logger = get_logger(__name__)
@@ -28,8 +28,6 @@ _acceptance_rule: AcceptanceRule | None = None
 
 def install() -> None:
     from vllm.v1.sample import rejection_sampler
-
-    from vllm_lookahead.worker import cpu_top_p
 
     _patching.wrap(rejection_sampler, "rejection_sample", _hooked_rejection_sample)
     cpu_top_p.install()

@@ -57,7 +57,7 @@ def count_mtad_lookahead_slots(original):
 def ask_workers_for_scratch(original):
     """Wrap ``EngineCore._initialize_kv_caches`` (called after the engine core loads
     plugins; the scheduler is built from what it returns): the workers have their KV
-    cache and have decided on trees (``tree_step.check_at_start``); ask every one which
+    cache and have decided on trees (``start_up.check_at_start``); ask every one which
     scratch blocks it uses, so that a pool whose trees ended off holds none back."""
     def _initialize_kv_caches(self, vllm_config, *args, **kwargs):
         config = original(self, vllm_config, *args, **kwargs)

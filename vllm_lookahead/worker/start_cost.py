@@ -1,5 +1,5 @@
 """What one more verified token costs the target on this device, measured once at
-start-up, for trees ``auto`` (``tree_step.check_at_start``).
+start-up, for trees ``auto`` (``start_up.check_at_start``).
 
 Trees pay where extra tokens in a pass are nearly free: a GPU at small batch computes
 a pass of 30 tokens in about the time of one, a small CPU takes a few percent more per
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import runner_state
 from vllm_lookahead.worker import tree_check
 from vllm_lookahead.worker.scratch import kv_block_size
 

@@ -4,7 +4,7 @@ Trees are exact only if every piece of the tree step holds here: the metadata sp
 through the backend's own builders, the root-block copies, the path writes before
 each layer's kernel, the kernel's causal mask over branch sequences, and the move of
 an accepted branch's keys and values. Once the KV cache exists and before the first
-request (``tree_step.check_at_start``), the worker runs a synthetic tree through those
+request (``start_up.check_at_start``), the worker runs a synthetic tree through those
 pieces on the target model itself, and compares every node's last hidden state with
 the same token computed in an ordinary linear sequence. Trees are used only if they
 agree within what the dtype's rounding allows; all tensor-parallel ranks take the
@@ -32,7 +32,7 @@ import torch
 
 from vllm_lookahead.log import get_logger
 from vllm_lookahead.tree import depths_of
-from vllm_lookahead.worker import runner as runner_state
+from vllm_lookahead.worker import runner_state
 from vllm_lookahead.worker import tree_attention, tree_step
 from vllm_lookahead.worker.auxiliary_model import common_attention_metadata
 from vllm_lookahead.worker.scratch import kv_block_size, runner_scratch

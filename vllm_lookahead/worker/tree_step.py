@@ -1,11 +1,22 @@
 """The runner side of tree verification, for any attention backend: give tree nodes
 their depth as position, plan each step's branches and scratch blocks, build the
 backends' metadata from the branch-split batch (``tree_attention.py``), run steps with
-trees without CUDA graphs, self-check the whole step at start-up (``tree_check.py``),
-and refuse trees where the target's attention cannot take them.
+trees without CUDA graphs, and refuse trees where the target's attention cannot take
+them. Mechanism only: what runs it at start-up (its self-check, ``tree_check.py``, and
+the cost measurement, ``start_cost.py``) sits above it, in ``start_up.py``.
 
 A backend's own part (writing the branches' keys and values before its kernel) lives
-beside this module (``attention_backends.py``).
+beside this module, on top of the step it reads (``attention_backends.py``).
+
+| vLLM attribute | patch | why | verified on |
+|---|---|---|---|
+| ``runner._prepare_inputs`` (instance attribute, drafters with ``draft_tree`` only) | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth and plans the step's branches and their scratch blocks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``builder.build`` of each ``runner.attn_groups[0][i].metadata_builders`` (instance attribute), ``.kernel_block_size`` | wrapped, read | in a step with trees, builds the backend's metadata from ``CommonAttentionMetadata`` split into branch sequences, without cascade attention | 0.32.0, 0.26.0 (CPU_ATTN); 0.33.0 read |
+| ``runner._determine_batch_execution_and_padding`` (instance attribute, once the tree self-check has passed) | wrapped | a step with trees runs without CUDA graphs (``force_eager``) | 0.32.0, 0.26.0 read (called after ``_prepare_inputs``, has ``force_eager``); never run on CUDA |
+| ``runner.input_batch`` (``req_ids``, ``num_computed_tokens_cpu``, ``block_table[0].slot_mapping.gpu``, ``block_table[0].block_table.np``), ``runner.query_start_loc.np``, ``SchedulerOutput.scheduled_spec_decode_tokens`` | read | each tree's row, prefix, first token and KV slots | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``runner.positions`` | written | a tree node's position is its depth | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``runner.kv_caches``, ``runner.attn_groups[0][0].backend`` | read | the layers' caches for the root-block copies, and their block dimension | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``vllm.model_executor.layers.attention.Attention`` modules of ``runner.model``, their ``impl`` (``attn_type``, ``sliding_window``, ``alibi_slopes``, ``sinks``, ``logits_soft_cap``, ``kv_cache_dtype``) and ``kv_cache_update_bypass`` (0.33); ``runner.uses_mrope`` | read | whether the target's attention can take trees | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 """
 
 from __future__ import annotations
@@ -18,8 +29,14 @@ import torch
 from vllm_lookahead import _patching
 from vllm_lookahead.tree import depths_of, is_chain
 from vllm_lookahead.worker import tree_attention
-from vllm_lookahead.worker.hooks import DrafterHooks, hook
+from vllm_lookahead.worker.hooks import DrafterHooks
 from vllm_lookahead.worker.scratch import kv_block_size, runner_scratch
+
+#: Attention implementations (by class name) the backend-neutral step runs on, each
+#: with its ``forward`` wrapped (``attention_backends``); the start-up self-check still
+#: has to pass on the device in use.
+TREE_IMPLS = frozenset({"CPUAttentionBackendImpl", "FlashAttentionImpl", "TritonAttentionImpl",
+                        "FlashInferImpl", "FlexAttentionImpl"})
 
 # One model runner per worker process, hence one step's trees at a time.
 _step: tree_attention.TreeStep | None = None
@@ -70,35 +87,6 @@ def run_tree_steps_eagerly(runner: Any) -> None:
         return original(*args, **kwargs)
 
     runner._determine_batch_execution_and_padding = _determine_batch_execution_and_padding
-
-
-def check_at_start(runner: Any, source: DrafterHooks) -> None:
-    """Wrap ``runner.initialize_kv_cache`` (instance attribute): once the KV cache and
-    its metadata builders exist (not the minimal cache of vLLM's CUDA-graph profiling),
-    measure what an extra token costs if the drafter's trees depend on it
-    (``start_cost``), then wrap the builders and run the tree step's self-check
-    (``tree_check``); the drafter gets both before the first request."""
-    from vllm_lookahead.worker import attention_backends, start_cost, tree_check
-
-    original = runner.initialize_kv_cache
-
-    def initialize_kv_cache(kv_cache_config, *args, **kwargs):
-        result = original(kv_cache_config, *args, **kwargs)
-        is_profiling = kwargs.get("is_profiling", args[0] if args else False)
-        if is_profiling or not hook(source, "trees_on"):
-            return result
-        if hook(source, "trees_need_free_tokens") is not None:
-            source.on_start_cost(start_cost.measure(runner))
-        if source.trees_on:
-            wrap_metadata_builders(runner)
-            attention_backends.wrap_forwards([layer.impl for layer in _attention_layers(runner)])
-            check = tree_check.run(runner)
-            if check.passed:
-                run_tree_steps_eagerly(runner)
-            source.on_tree_check(check)
-        return result
-
-    runner.initialize_kv_cache = initialize_kv_cache
 
 
 def begin_step(step: tree_attention.TreeStep) -> None:
@@ -172,7 +160,6 @@ def layer_caches(runner: Any) -> tuple[list[torch.Tensor], int]:
     return found
 
 
-
 def wrap_metadata_builders(runner: Any) -> None:
     """Wrap each attention metadata builder's ``build`` (instance attribute): in a step
     with tree branches it builds from the branch-split common metadata."""
@@ -214,15 +201,13 @@ def tree_attention_problems(runner: Any) -> list[str]:
     """Why the target's attention cannot take trees here (empty if it can): a tested
     backend, decoder self-attention without sliding window, ALiBi, soft-capping or
     sinks, an unquantized KV cache and plain (not multimodal) rotary positions."""
-    from vllm_lookahead.worker.attention_backends import TREE_IMPLS
-
     problems = set()
     groups = getattr(runner, "attn_groups", None)  # known once the KV cache exists
     if groups and len(groups) != 1:
         problems.add(f"{len(groups)} KV cache groups")
     if getattr(runner, "uses_mrope", False):
         problems.add("multimodal rotary positions (M-RoPE)")
-    for module in _attention_layers(runner):
+    for module in attention_layers(runner):
         impl = module.impl
         if type(impl).__name__ not in TREE_IMPLS:
             problems.add(f"attention implementation {type(impl).__name__} (trees run on "
@@ -242,7 +227,8 @@ def tree_attention_problems(runner: Any) -> list[str]:
     return sorted(problems)
 
 
-def _attention_layers(runner: Any) -> list[Any]:
+def attention_layers(runner: Any) -> list[Any]:
+    """The target's attention layers (vLLM's ``Attention`` modules)."""
     from vllm.model_executor.layers.attention import Attention
 
     return [module for module in runner.model.modules() if isinstance(module, Attention)]
