@@ -133,9 +133,9 @@ def test_committed_trace_default_is_never_far_below_the_better_of_uncut_and_none
 
 
 def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch, caplog):
-    from vllm_lookahead.lookahead import proposer as proposer_module
+    from vllm_lookahead.lookahead import cut
 
-    monkeypatch.setattr(proposer_module, "CUT_LOG_INTERVAL_S", 0.0)
+    monkeypatch.setattr(cut, "CUT_LOG_INTERVAL_S", 0.0)
     replayers = []
 
     def make_replayer():
@@ -143,8 +143,8 @@ def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch
         return replayers[-1]
 
     # our loggers sit under vLLM's, which does not propagate to the root once vLLM has
-    # configured it: the capture is attached to the proposer's logger itself
-    logger = proposer_module.logger
+    # configured it: the capture is attached to the cut's logger itself
+    logger = cut.logger
     logger.addHandler(caplog.handler)
     try:
         with caplog.at_level("DEBUG", logger=logger.name):

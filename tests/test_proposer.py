@@ -15,7 +15,8 @@ from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.proposer import LookaheadProposer
 from vllm_lookahead.lookahead.sources.context import suffix_match
 from vllm_lookahead.lookahead.sources.corpus import LiveResponses, ResponseCorpus
-from vllm_lookahead.lookahead.sources.drafts import TOKEN_SOURCES, Draft, TokenAcceptance
+from vllm_lookahead.lookahead.sources.draft import TOKEN_SOURCES, Draft
+from vllm_lookahead.lookahead.sources.drafts import TokenAcceptance
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
@@ -436,10 +437,10 @@ def test_rejected_corpus_drafts_shorten_the_next_ones():
     StartCost(math.nan, math.nan, "too few free blocks")])
 def test_the_start_up_measurement_sets_the_cut_until_steps_are_timed(measured):
     proposer, _ = make_proposer(trees="auto", tree_candidates=4)
-    assert proposer._step_plan(False) == (None, None, False)  # no estimate: nothing is cut
+    assert proposer._planner.step_plan(False) == (None, None, False)  # no estimate: nothing is cut
     proposer.on_start_cost(measured)
     assert not proposer.trees_on  # 29 free tokens (or none measured): below 150
-    free_tokens, step_cost, _ = proposer._step_plan(False)
+    free_tokens, step_cost, _ = proposer._planner.step_plan(False)
     if measured.reason:
         assert free_tokens is None and step_cost is None
         return
@@ -879,7 +880,8 @@ def test_sampled_requests_keep_their_own_acceptance_estimates():
         assert drafts[1], "the sampled request must keep drafting for the test to mean much"
         contexts["greedy"].append(contexts["greedy"][-3])  # the period goes on: drafts right
         contexts["sampled"].append(min({1, 2, 3} - {drafts[1][0]}))  # never the draft's
-    greedy, sampled = (proposer._depth_acceptance[sampling_class(p)] for p in params.values())
+    greedy, sampled = (proposer._estimates.depth_acceptance[sampling_class(p)]
+                       for p in params.values())
     assert greedy.first_token_rate() > 0.8
     assert sampled.first_token_rate() < 0.2
 

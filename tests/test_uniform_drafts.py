@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_proposer import Batch, make_proposer
 
-from vllm_lookahead.lookahead.sources.drafts import Draft
+from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.uniform_drafts import (

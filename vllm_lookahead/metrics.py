@@ -184,6 +184,12 @@ class ProposerStats:
     # trees ``auto``: the start-up measurement (``worker.start_cost``; nan: none)
     start_free_tokens: float = math.nan
 
+    def count_by_source(self, tokens_by_source: dict[str, int], fields: dict[str, str]) -> None:
+        """Add each source's tokens to its counter among ``fields`` (``DRAFT_SOURCES``,
+        ``ACCEPTED_SOURCES``)."""
+        for source, tokens in tokens_by_source.items():
+            setattr(self, fields[source], getattr(self, fields[source]) + tokens)
+
 
 def install() -> None:
     """Export our counters wherever vLLM sets up its Prometheus metrics."""

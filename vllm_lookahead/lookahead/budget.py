@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -38,6 +38,18 @@ PRIOR_TREE_NODES = 20.0
 TEMPERATURE_EDGES = (0.5, 1.0)
 TOP_P_EDGE = 0.9
 NUM_SAMPLING_CLASSES = 1 + 2 * (len(TEMPERATURE_EDGES) + 1)
+
+
+class StepPlan(NamedTuple):
+    """What a step affords, as the first tensor-parallel rank timed it (every rank then
+    drafts the same tokens and trees): the tokens it computes nearly free by the cost
+    line (for trees; inf without ``cost_aware_drafts``, None before the cost model has
+    an estimate), its cost curve (for the cut; None: nothing is cut) and whether its
+    drafts are filled to K (``uniform_drafts.py``)."""
+
+    free_tokens: float | None
+    step_cost: CostCurve | None
+    fill: bool
 
 
 def sampling_class(params: Any) -> int:
@@ -203,6 +215,20 @@ class TreeYield:
             return True
         expected = requests * self.tokens_per_pass
         return self.per_node >= node_cost * expected / (free_tokens + step_tokens)
+
+
+class WorkerEstimates:
+    """The worker's estimates by sampling class (``sampling_class``): acceptance by
+    depth of ``num_classes`` calibration classes in groups of ``group_size`` (learned in
+    hindsight, read by the cut) and tree yield (learned from verified trees, read where
+    trees are grown)."""
+
+    def __init__(self, max_depth: int, num_classes: int, group_size: int):
+        self.depth_acceptance = [AcceptanceByDepth(max_depth, num_classes,
+                                                   group_size=group_size)
+                                 for _ in range(NUM_SAMPLING_CLASSES)]
+        self.depth_acceptance[0].conditional_rates()  # compiled before the first request
+        self.tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
 
 
 def affordable_draft_lengths(

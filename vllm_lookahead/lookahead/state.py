@@ -5,7 +5,7 @@ is preempted, and rebuilt from the context when a preempted request resumes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -13,11 +13,9 @@ from vllm_lookahead.log import get_logger
 from vllm_lookahead.lookahead.budget import sampling_class
 from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
+from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.worker import runner_state
-
-if TYPE_CHECKING:  # drafts.py imports this module
-    from vllm_lookahead.lookahead.sources.drafts import Draft
 
 logger = get_logger(__name__)
 
@@ -116,6 +114,21 @@ class RequestState:
             self.pool.add_ngrams(chunk[skip:], stop - self.next_ngram_start)
             self.next_ngram_start = stop
         self.pending_token = int(tokens[num_tokens - 1])
+
+
+@dataclass
+class DecodingRows:
+    """A step's decoding requests, in batch-row order (prompt chunks draft nothing): what
+    reading the last pass found and what the next drafts are planned for."""
+
+    rows: list[int] = field(default_factory=list)  # input-batch rows
+    req_ids: list[str] = field(default_factory=list)
+    states: list[RequestState] = field(default_factory=list)
+
+    def add(self, row: int, req_id: str, state: RequestState) -> None:
+        self.rows.append(row)
+        self.req_ids.append(req_id)
+        self.states.append(state)
 
 
 class RequestStates:

@@ -6,7 +6,7 @@ recycled top-k (``recycled.py``).
 
 A draft starts with the longest of the context's and the corpus's matches and is filled
 by chained pool lookups, then recycled tokens, while its probability estimate stays at
-or above ``draft_min_prob``. ``drafts.Draft`` names where each of its tokens came from,
+or above ``draft_min_prob``. ``draft.Draft`` names where each of its tokens came from,
 by the source names the metrics use; ``drafts.DraftSources`` builds a step's drafts.
 """
 

@@ -1,9 +1,11 @@
-"""A step's main drafts from the sources, and where their tokens came from."""
+"""A step's main drafts from the sources (``draft.Draft`` records where their tokens
+came from)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -14,61 +16,20 @@ from vllm_lookahead.lookahead.sources.corpus import (
     ResponseCorpus,
     warm_up_corpus,
 )
+from vllm_lookahead.lookahead.sources.draft import Draft
+from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
-from vllm_lookahead.lookahead.sources.rescoring import rescored
-from vllm_lookahead.lookahead.sources.support import SEEN_ONCE, SUPPORT_BINS, support_bin
-from vllm_lookahead.lookahead.state import RequestState
+from vllm_lookahead.lookahead.sources.rescoring import Lattice, rescored
+from vllm_lookahead.lookahead.sources.support import SEEN_ONCE, support_bin
 
 
-#: Where a main draft's tokens come from, in the order of ``Draft.token_sources``.
-TOKEN_SOURCES = ("context", "corpus", "lattice", "pool", "recycled")
-#: Calibration classes, the rows of ``budget.AcceptanceByDepth``: each source's tokens
-#: by their support bin (``support.py``), ``Draft.token_classes``.
-NUM_TOKEN_CLASSES = len(TOKEN_SOURCES) * SUPPORT_BINS
+class DraftingRequest(Protocol):
+    """What drafting reads of a request: the sources sit below the request state
+    (``state.RequestState``), which holds their pool."""
 
-
-@dataclass
-class Draft:
-    """A request's main draft and the origin of its tokens: first ``matched`` tokens
-    from ``match_source`` ("context" or "corpus"), then ``from_pool`` pool tokens, of
-    which ``from_lattice`` were the lattice's top path, then recycled tokens, then
-    ``padded`` tokens that only fill it to K (``uniform_drafts.py``)."""
-
-    tokens: list[int]
-    match_source: str = "context"
-    matched: int = 0
-    from_pool: int = 0
-    from_lattice: int = 0
-    padded: int = 0
-    #: each token's support bin (``support.py``), as drafted (the cut shortens ``tokens``)
-    bins: list[int] = field(default_factory=list)
-
-    def tokens_by_source(self, count: int | None = None) -> dict[str, int]:
-        """Tokens per source among the draft's first ``count`` tokens (all that is left
-        of it, by default: it may have been cut); ``count`` accepted tokens, after
-        verification."""
-        count = len(self.tokens) if count is None else min(count, len(self.tokens))
-        matched = min(self.matched, count)
-        from_pool = min(self.from_pool, count - matched)
-        from_lattice = min(self.from_lattice, from_pool)
-        recycled = min(count, len(self.tokens) - self.padded) - matched - from_pool
-        return {self.match_source: matched, "lattice": from_lattice,
-                "pool": from_pool - from_lattice, "recycled": recycled,
-                "padding": count - matched - from_pool - recycled}
-
-    def token_sources(self) -> np.ndarray:
-        """Each token's source, as an index into ``TOKEN_SOURCES`` (a draft holds them
-        in that order: a match, then the pool's tokens, the lattice's first, then
-        recycled ones)."""
-        counts = self.tokens_by_source()
-        return np.repeat(np.arange(len(TOKEN_SOURCES)),
-                         [counts.get(source, 0) for source in TOKEN_SOURCES])
-
-    def token_classes(self) -> np.ndarray:
-        """Each token's calibration class: its source and its support bin, an index into
-        the rows of ``budget.AcceptanceByDepth`` (``NUM_TOKEN_CLASSES``)."""
-        bins = np.asarray(self.bins[: len(self.tokens)], dtype=np.int64)
-        return self.token_sources() * SUPPORT_BINS + bins
+    pool: NgramPool
+    pending_token: int  # the draft continues it
+    lattice: Lattice | None  # the last pass's Jacobi lattice (draft rescoring)
 
 
 @dataclass
@@ -124,7 +85,7 @@ class DraftSources:
         warm_up_corpus()
         support_bin(1, 1, 1)  # as the pool calls it: compiled before the first request
 
-    def draft(self, rows: list[int], req_ids: list[str], states: list[RequestState],
+    def draft(self, rows: list[int], req_ids: list[str], states: list[DraftingRequest],
               token_ids_cpu: np.ndarray, num_tokens: np.ndarray, limits: np.ndarray,
               min_prob: np.ndarray) -> list[Draft]:
         """One draft per row (of at most its limit), in order; each stops where its
@@ -190,7 +151,7 @@ class DraftSources:
         if reached:
             self.corpus_acceptance.add(reached, draft.tokens_by_source(accepted)["corpus"])
 
-    def _fill_from_pool(self, state: RequestState, draft: Draft, limit: int, min_prob: float,
+    def _fill_from_pool(self, state: DraftingRequest, draft: Draft, limit: int, min_prob: float,
                         prob: float) -> tuple[int, float]:
         """Extend ``draft`` towards ``limit`` tokens by chained lookups in the request's
         pool while the draft's probability estimate stays at or above ``min_prob``.

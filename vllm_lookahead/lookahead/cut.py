@@ -1,0 +1,107 @@
+"""The cost-aware cut (``cost_aware_drafts``): a step's main drafts shortened to the
+tokens its compute affords (``budget.py``), each token's acceptance estimated by its
+calibration class; every draft is kept as proposed, cut or not, for ``hindsight.py``,
+and a debug line now and then explains the cut."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from vllm_lookahead.log import get_logger
+from vllm_lookahead.lookahead.budget import (
+    StepPlan,
+    WorkerEstimates,
+    cut_to_budget,
+    survival_along,
+)
+from vllm_lookahead.lookahead.sources.draft import Draft
+from vllm_lookahead.lookahead.state import RequestState
+from vllm_lookahead.lookahead.step_cost import CostCurve, StepCostModel
+from vllm_lookahead.metrics import ProposerStats
+
+logger = get_logger(__name__)
+
+#: Seconds between two debug lines explaining the cost-aware cut.
+CUT_LOG_INTERVAL_S = 10.0
+
+
+class CostAwareCut:
+    """Decides how many of each main draft's tokens the step verifies, by the worker's
+    acceptance by depth (of the request's sampling class), the request's own first-token
+    record and the step's cost curve."""
+
+    def __init__(self, num_speculative_tokens: int, estimates: WorkerEstimates,
+                 cost_model: StepCostModel, stats: ProposerStats):
+        self.num_speculative_tokens = num_speculative_tokens
+        self._depth_acceptance = estimates.depth_acceptance
+        self._cost_model = cost_model
+        self._stats = stats
+        self._log = CutLog()
+
+    def apply(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
+              plan: StepPlan) -> None:
+        """Estimate each draft's first token by its calibration class, cut the drafts to
+        the step's budget (not in a filled step) and keep them, as proposed, to check in
+        hindsight."""
+        classes = [draft.token_classes() for draft in main]
+        proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
+        first_rates = {c: self._depth_acceptance[c].first_token_rates()
+                       for c in {state.sampling_class for state in states}}
+        first_estimates = [  # an empty draft has no first token to estimate
+            float(first_rates[state.sampling_class][token_classes[0]])
+            if len(token_classes) else 0.0
+            for state, token_classes in zip(states, classes)]
+        if not plan.fill:
+            self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
+                                                plan.step_cost)
+        for b, state in enumerate(states):
+            state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
+                                    len(main[b].tokens), state.max_draft, first_estimates[b])
+        self._stats.free_tokens = math.inf if plan.free_tokens is None else plan.free_tokens
+        self._log.maybe_log(self._stats, self._cost_model)
+
+    def _cut(self, main: list[Draft], classes: list[np.ndarray], first_estimates: list[float],
+             states: list[RequestState], step_cost: CostCurve | None) -> int:
+        """Cut the main drafts to the step's budget. Each token's acceptance is
+        estimated by calibration class (its source and support bin): the first token's
+        by the worker's ``first_estimates`` scaled by its request's own record, the
+        later ones by the acceptance by depth of tokens of the same classes, among
+        requests of the same sampling class."""
+        sampling = [state.sampling_class for state in states]
+        rates = {c: self._depth_acceptance[c].conditional_rates() for c in set(sampling)}
+        survival = np.ones((len(main), self.num_speculative_tokens))
+        for b, c in enumerate(sampling):
+            if len(classes[b]):
+                survival[b, : len(classes[b])] = survival_along(rates[c], classes[b])
+        first_rates = [state.first_token_rate(estimate)
+                       for state, estimate in zip(states, first_estimates)]
+        return cut_to_budget([draft.tokens for draft in main], first_rates, survival,
+                             step_cost)
+
+
+class CutLog:
+    """A debug line every ``CUT_LOG_INTERVAL_S`` explaining the cost-aware cut: the
+    fitted step cost, the tokens it makes free, and what was proposed, cut, and cut
+    although the generated text then matched it."""
+
+    def __init__(self) -> None:
+        self._last_time = time.monotonic()
+        self._last: tuple[int, int, int] = (0, 0, 0)
+
+    def maybe_log(self, stats: ProposerStats, cost_model: StepCostModel) -> None:
+        now = time.monotonic()
+        if now - self._last_time < CUT_LOG_INTERVAL_S or not logger.isEnabledFor(logging.DEBUG):
+            return
+        totals = (stats.draft_tokens + stats.cut_tokens, stats.cut_tokens,
+                  stats.cut_tokens_confirmed)
+        proposed, cut, confirmed = (a - b for a, b in zip(totals, self._last))
+        elapsed, self._last_time, self._last = now - self._last_time, now, totals
+        logger.debug(
+            "vllm-lookahead cut: step = %.3f ms + %.4f ms/token (free tokens %.1f); "
+            "last %.0f s: %d draft tokens proposed, %d cut, %d of those matched later",
+            cost_model.fixed_seconds * 1e3, cost_model.token_seconds * 1e3,
+            stats.free_tokens, elapsed, proposed, cut, confirmed)

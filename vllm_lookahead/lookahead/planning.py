@@ -1,0 +1,130 @@
+"""Planning a step's drafts: each decoding request's bound, what the step affords
+(``budget.StepPlan``), the sources' main drafts (``sources/``), the cost-aware cut
+(``cut.py``), then trees (``trees.py``) or drafts filled to K (``uniform_drafts.py``).
+Each main draft is kept, with where its tokens came from, for the next pass's
+feedback."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from vllm_lookahead.lookahead import trees
+from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
+from vllm_lookahead.lookahead.cut import CostAwareCut
+from vllm_lookahead.lookahead.options import LookaheadOptions
+from vllm_lookahead.lookahead.sources.draft import Draft
+from vllm_lookahead.lookahead.sources.drafts import DraftSources
+from vllm_lookahead.lookahead.state import DecodingRows, RequestState
+from vllm_lookahead.lookahead.step_cost import StepCostModel
+from vllm_lookahead.lookahead.uniform_drafts import UniformDrafts, fill_draft
+from vllm_lookahead.metrics import DRAFT_SOURCES, ProposerStats
+from vllm_lookahead.worker import runner_state
+
+
+class DraftPlanner:
+    """Decides the tokens (and trees) each decoding request proposes this step."""
+
+    def __init__(self, options: LookaheadOptions, num_speculative_tokens: int,
+                 max_model_len: int, sources: DraftSources, uniform: UniformDrafts,
+                 cost_model: StepCostModel, estimates: WorkerEstimates, stats: ProposerStats):
+        self.options = options
+        self.num_speculative_tokens = num_speculative_tokens
+        self.max_model_len = max_model_len
+        self._sources = sources
+        self._uniform = uniform
+        self._cost_model = cost_model
+        self._tree_yields = estimates.tree_yields
+        self._stats = stats
+        self._cut = CostAwareCut(num_speculative_tokens, estimates, cost_model, stats)
+        #: the last step's drafts were filled to K: it grew no trees
+        self.filled = False
+
+    def plan(self, runner: Any, decoding: DecodingRows, num_tokens_no_spec: np.ndarray,
+             token_ids_cpu: np.ndarray, num_rows: int, trees_on: bool) -> list[list[int]]:
+        """Main drafts from the sources, cut to the step's budget, grown into trees or
+        filled to K: one per input-batch row (``num_rows``), empty where none decodes."""
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        self.filled = False
+        rows, states = decoding.rows, decoding.states
+        if not rows:
+            return drafts
+        num_tokens = num_tokens_no_spec[np.asarray(rows, dtype=np.int64)].astype(np.int64)
+        bounds = self._draft_bounds(states, num_tokens)
+        if self._uniform.graph_requests is None:  # the runner's graphs exist by now
+            self._uniform.set_graph_requests(runner_state.uniform_graph_requests(runner))
+        plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds))
+        main = self._main_drafts(decoding, token_ids_cpu, num_tokens, bounds, plan.fill)
+        if self.options.cost_aware_drafts:
+            self._cut.apply(main, states, num_tokens, plan)
+        for row, draft, state in zip(rows, main, states):
+            drafts[row] = list(draft.tokens)
+            state.drop_tree()  # linear unless grown below
+        # a step with trees runs eagerly: where filling won, its graph beat them too
+        # (the tree steps were among the other steps it was timed against)
+        if trees_on and not plan.fill:
+            nodes = trees.grow_trees(
+                rows, states, drafts, token_ids_cpu, num_tokens, plan.free_tokens,
+                self._tree_yields, self.options, self.max_model_len, self._sources.recycled)
+            self._stats.tree_nodes += nodes
+            self._stats.tree_steps += nodes > 0
+        if plan.fill:
+            self._fill(rows, main, states, bounds, drafts)
+        self._remember(main, states)
+        return drafts
+
+    def step_plan(self, fill: bool) -> StepPlan:
+        """What the step affords (``budget.StepPlan``), with ``fill`` as this rank's
+        ``uniform_drafts`` wants it: without ``cost_aware_drafts`` infinite free tokens
+        and no curve; before the cost model has an estimate, none of either."""
+        if not self.options.cost_aware_drafts:
+            plan = StepPlan(math.inf, None, fill)
+        elif self._cost_model.has_estimate:
+            plan = StepPlan(self._cost_model.free_tokens(), self._cost_model.curve(), fill)
+        else:
+            plan = StepPlan(None, None, fill)
+        if not self.options.cost_aware_drafts and not self._uniform.may_fill:
+            return plan
+        return runner_state.broadcast_from_first_tp_rank(plan)
+
+    def _draft_bounds(self, states: list[RequestState], num_tokens: np.ndarray) -> np.ndarray:
+        """Each request's longest draft: K, or its own lower bound, never past
+        max_model_len (the bonus token needs a slot too)."""
+        bounds = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        np.minimum(bounds, [state.max_draft for state in states], out=bounds)
+        return bounds
+
+    def _main_drafts(self, decoding: DecodingRows, token_ids_cpu: np.ndarray,
+                     num_tokens: np.ndarray, bounds: np.ndarray, fill: bool) -> list[Draft]:
+        """The sources' drafts, each up to its request's adaptive limit and minimum
+        probability; up to K in a filled step, whose every slot is computed anyway (past
+        the probability that saves compute elsewhere)."""
+        states = decoding.states
+        if fill:
+            limits, min_prob = bounds, np.zeros(len(states))
+        else:
+            limits = np.minimum(bounds, [state.draft_limit for state in states])
+            min_prob = np.array([state.draft_min_prob for state in states])
+        return self._sources.draft(decoding.rows, decoding.req_ids, states, token_ids_cpu,
+                                   num_tokens, limits, min_prob)
+
+    def _fill(self, rows: list[int], main: list[Draft], states: list[RequestState],
+              bounds: np.ndarray, drafts: list[list[int]]) -> None:
+        """Pad every draft to its bound (``uniform_drafts``)."""
+        for row, draft, state, bound in zip(rows, main, states, bounds.tolist()):
+            draft.padded = fill_draft(draft.tokens, state.pending_token, bound, state.pool,
+                                      self.options.guess_set_size, self._sources.recycled)
+            drafts[row] = list(draft.tokens)
+        self._stats.filled_steps += 1
+        self.filled = True
+
+    def _remember(self, main: list[Draft], states: list[RequestState]) -> None:
+        """Keep each main draft and its origin for the next pass's feedback; count it."""
+        for state, draft in zip(states, main):
+            state.draft, state.draft_origin = draft.tokens, draft
+            if draft.tokens:
+                self._stats.drafts += 1
+                self._stats.draft_tokens += len(draft.tokens)
+                self._stats.count_by_source(draft.tokens_by_source(), DRAFT_SOURCES)
