@@ -60,3 +60,91 @@ def test_tp2_matches_plain_decoding(llama_path, llama_reference, monkeypatch):
     decisions = [(s.drafts, s.draft_tokens, s.cut_tokens, s.tree_nodes, s.tree_branches,
                   s.tree_accepted) for s in stats]
     assert decisions[0] == decisions[1]
+
+
+def _lying_clock_on_second_rank(worker) -> None:
+    """The second rank's step clock runs at a random pace: whatever it measures, it must
+    draft as the first rank decides."""
+    import random
+
+    import torch
+
+    if torch.distributed.get_rank() == 0:
+        return
+    rng, now = random.Random(1), [0.0]
+
+    def clock() -> float:
+        now[0] += rng.uniform(0.001, 0.5)
+        return now[0]
+
+    worker.model_runner.drafter.clock = clock
+
+
+#: Every counter of a drafting decision: what was drafted, from which source, cut,
+#: filled to K, grown into trees and verified off the first chain.
+DECISIONS = ("drafts", "draft_tokens", "cut_tokens", "suffix_tokens", "corpus_tokens",
+             "pool_tokens", "recycled_tokens", "padding_tokens", "filled_steps", "tree_steps",
+             "tree_nodes", "tree_branches", "tree_accepted")
+
+
+def test_tp2_ranks_decide_alike_round_after_round(llama_path, llama_reference, monkeypatch):
+    """Rounds of 8 requests that finish in the same step: each round's outputs join the
+    corpus (in the order the ranks iterate the finished ids) and the next round drafts
+    from it; filling, cuts and trees on every rank's own timing, the second rank's clock
+    lying. After every round each rank has taken the same decisions."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    config = {**TREE, "cost_aware_drafts": True, "uniform_drafts": "on",
+              "suffix_match_min": 2}
+    llm = LLM(llama_path, tensor_parallel_size=2, distributed_executor_backend="mp",
+              speculative_config=config, **ENGINE_KWARGS)
+    llm.collective_rpc(_lying_clock_on_second_rank)
+    try:
+        for round_ in range(4):
+            params = greedy()
+            if round_ >= 2:  # drafts bounded below K cannot be filled: trees instead
+                params.extra_args = {"lookahead_num_speculative_tokens": 11}
+            outputs = generate(llm, make_prompts(seed=round_ % 2), params)
+            if round_ % 2 == 0:
+                assert outputs == llama_reference
+            stats = proposer_stats(llm)
+            decisions = [{name: getattr(s, name) for name in DECISIONS} for s in stats]
+            assert decisions[0] == decisions[1], f"round {round_}: {decisions}"
+        assert stats[0].corpus_tokens > 0 and stats[0].filled_steps > 0
+        assert stats[0].tree_nodes > 0
+    finally:
+        shutdown(llm)
+
+
+#: One step's finished requests reach each rank as a set of id strings, which each
+#: process iterates in the order of its own string hashing (``PYTHONHASHSEED``, random
+#: for every process vLLM spawns).
+FINISH_TOGETHER = """
+import json, sys
+sys.path.insert(0, "tests")
+from test_proposer import Batch, make_proposer
+
+proposer, runner = make_proposer(k=4)
+contexts = {f"request-{i}": [1 + i, 2, 3, 10 + i] for i in range(8)}
+Batch(runner, contexts).propose(proposer, [[20 + i] for i in range(8)])
+proposer.on_requests_removed(set(contexts), set())
+corpus = proposer._sources.corpus
+print(json.dumps(corpus.storage[0][:len(corpus)].tolist()))
+"""
+
+
+def test_requests_finishing_together_fill_every_ranks_corpus_alike():
+    """The corpus (and so every later draft from it) does not depend on the process's
+    string hashing: ranks that differ only in it fill it alike."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    corpora = set()
+    for seed in ("1", "2", "3"):
+        run = subprocess.run([sys.executable, "-c", FINISH_TOGETHER], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert run.returncode == 0, run.stderr[-3000:]
+        corpora.add(run.stdout.strip().splitlines()[-1])
+    assert len(corpora) == 1, corpora
+    assert len(json.loads(corpora.pop())) >= 8  # every finished output is in it

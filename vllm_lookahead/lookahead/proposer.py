@@ -176,10 +176,14 @@ class LookaheadProposer:
         self._step_start = (now, num_scheduled_tokens, num_requests) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
-        """Free state; a finished (or aborted) request's output joins the corpus."""
+        """Free state; a finished (or aborted) request's output joins the corpus. In the
+        ids' order: a set of strings iterates in an order each process hashes its own
+        way, and tensor-parallel ranks must fill their corpora (and free live slots)
+        alike to draft alike."""
+        finished, preempted = sorted(finished), sorted(preempted)
         for output in self._states.remove(finished, preempted):
             self._sources.corpus.add(output)
-        self._sources.live.release(finished | preempted)
+        self._sources.live.release(sorted(finished + preempted))
         if self._snapshots.due() or not len(self._states):
             self._snapshots.write(self.stats)
 

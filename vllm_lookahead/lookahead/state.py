@@ -4,6 +4,7 @@ is preempted, and rebuilt from the context when a preempted request resumes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,7 +186,7 @@ class RequestStates:
                            req_id, exc)
             return {}
 
-    def remove(self, finished: set[str], preempted: set[str]) -> list[list[int]]:
+    def remove(self, finished: Iterable[str], preempted: Iterable[str]) -> list[list[int]]:
         """Free the requests' state; the finished (or aborted) ones' outputs."""
         outputs = []
         for req_id in finished:
