@@ -1,6 +1,7 @@
 """The tree step's start-up self-check on a real model (trees on), for
-``scripts/gpu_validate.sh tree-check``: exit status 0 if it passed on every worker. The
-worker logs the verdict with the comparison that differed most (``worker/tree_check.py``).
+``scripts/gpu_validate.sh tree-check``: exit status 0 if it passed on every worker; where
+it fails, trees ``on`` refuse to start, with the verdict (the comparison that differed
+most, ``worker/tree_check.py``) in the error.
 The engine has CUDA graphs and torch.compile, as vLLM runs by default (the check once
 passed in an eager engine and failed in this one, run (bp)); ``eager`` for the other.
 

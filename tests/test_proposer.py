@@ -935,15 +935,28 @@ def test_the_start_up_cost_reads_each_sizes_fastest_pass():
     assert summarize(rounds).free_tokens == math.inf
 
 
-def test_a_failed_self_check_turns_auto_recycling_off():
+def test_a_failed_self_check_turns_auto_trees_and_recycling_off():
     from vllm_lookahead.worker.tree_check import TreeCheck
 
-    proposer, _ = make_proposer(trees="on")
+    proposer, _ = make_proposer(trees="auto", tree_candidates=4)
     assert proposer.capture_last_top_k > 0
     proposer.on_tree_check(TreeCheck(passed=False, backend="CPU_ATTN", dtype="float32",
                                      max_difference=1.0, tolerance=1e-3))
     assert not proposer.trees_on and proposer.capture_last_top_k == 0
     assert proposer.stats.tree_check == 0
+
+
+def test_trees_on_refuse_to_start_when_the_self_check_fails():
+    """``trees: "on"`` is what the user asked for: no silent fall-back to linear drafts,
+    the engine's start fails with the check's verdict."""
+    from vllm_lookahead.worker.tree_check import TreeCheck
+
+    proposer, _ = make_proposer(trees="on")
+    failed = TreeCheck(passed=False, backend="FLASH_ATTN", dtype="bfloat16",
+                       max_difference=0.96, tolerance=0.05)
+    with pytest.raises(RuntimeError, match=r"trees is 'on', but the tree step self-check on FLASH_ATTN"
+                                           r".*failed.*Set trees to 'auto'"):
+        proposer.on_tree_check(failed)
 
 
 def test_the_default_window_gives_way_to_short_ngrams():

@@ -189,12 +189,16 @@ def test_oracle_trees_accepted_off_the_first_chain_match_plain_decoding(
 
 
 def test_after_a_failed_check_drafts_are_linear_and_exact(tree_llm, llama_reference):
-    """A failed tree self-check (``worker/tree_check.py``) leaves the engine serving
-    linear drafts, still exact. Last of this module's tests on ``tree_llm``: trees
+    """A failed tree self-check (``worker/tree_check.py``) leaves an engine with trees
+    ``auto`` serving linear drafts, still exact. Last of this module's tests on ``tree_llm``: trees
     stay off in it from here on."""
     def fail(worker):
+        import dataclasses
+
         from vllm_lookahead.worker import tree_check
 
+        switch = worker.model_runner.drafter._trees  # as if started with trees auto
+        switch.options = dataclasses.replace(switch.options, trees="auto")
         worker.model_runner.drafter.on_tree_check(tree_check.TreeCheck(
             passed=False, backend="any", dtype="float32", max_difference=1.0,
             tolerance=1e-3))

@@ -152,13 +152,13 @@ class LookaheadOptions(MethodOptions):
     trees: str = option_field(
         "auto", None,
         "Tree drafts (tree_candidates, tree_window), verified beside the main draft in one "
-        "pass where the tree step's start-up self-check passes on the device (else drafts "
-        "stay linear, logged), and then built in a step while their measured yield pays "
+        "pass where the tree step's start-up self-check passes on the device (`auto`: else "
+        "drafts stay linear, logged), and then built in a step while their measured yield pays "
         "for their compute. `auto`: only where a start-up measurement of the target finds "
         "extra tokens nearly free (at least tree_free_tokens; a GPU at small batch, not a "
         "small CPU), logged and exported as vllm:lookahead_start_free_tokens. `on`: "
-        "wherever the self-check passes. `off`: linear drafts, no self-check, no scratch "
-        "blocks held.",
+        "always; an engine whose self-check fails refuses to start, naming the check's "
+        "verdict. `off`: linear drafts, no self-check, no scratch blocks held.",
         choices=TREE_MODES,
     )
     tree_free_tokens: int = option_field(

@@ -144,10 +144,10 @@ class LookaheadProposer:
         self._trees.read_start_cost(cost)
 
     def on_tree_check(self, check: Any) -> None:
-        """The worker's self-check of the tree step: if it failed, drafts stay linear."""
+        """The worker's self-check of the tree step: if it failed, drafts stay linear
+        (trees ``auto``) or the engine does not start (``on``)."""
         self._stats.tree_check = int(check.passed)
-        if not check.passed:
-            self._trees.turn_off()
+        self._trees.read_tree_check(check)
 
     def on_verification(self, capture: VerificationCapture) -> None:
         self._learner.keep_capture(capture)

@@ -50,6 +50,17 @@ class TreeSwitch:
         if free < wanted:
             self.turn_off()
 
+    def read_tree_check(self, check: Any) -> None:
+        """The tree step's self-check on this device: a failure turns trees ``auto``
+        off (logged by the check) and refuses trees ``on``, which the user asked for."""
+        if check.passed:
+            return
+        if self.options.trees == "on":
+            raise RuntimeError(
+                f"lookahead: trees is 'on', but the {check.describe()}. Set trees to "
+                "'auto' (linear drafts where the check fails) or 'off'.")
+        self.turn_off()
+
     def turn_off(self) -> None:
         self.on = False
         if self.options.recycle_top_k == "auto":  # recycled top-k pays only with trees
