@@ -115,7 +115,7 @@ ACCEPTED_SOURCES = {"context": "accepted_context_tokens", "corpus": "accepted_co
 def exported_metrics() -> list[tuple[str, str, str, str]]:
     """(name as scraped, type, label besides ``model_name`` and ``engine``, help) of every
     metric the collector exports; counters carry prometheus_client's ``_total`` suffix.
-    The README's table and the Grafana dashboard are checked against it."""
+    The docs page's table (docs/metrics.md) and the Grafana dashboard are checked against it."""
     counters = [*((name, "method", text) for name, _, text in COUNTERS),
                 *((name, "", text) for name, _, text in LOOKAHEAD_COUNTERS),
                 (DRAFT_TOKENS[0], "source", DRAFT_TOKENS[1]),
@@ -128,7 +128,7 @@ def exported_metrics() -> list[tuple[str, str, str, str]]:
 
 
 def metrics_table() -> str:
-    """Markdown table of the exported metrics, for the README (kept in sync by a test)."""
+    """Markdown table of the exported metrics, for docs/metrics.md (kept in sync by a test)."""
     values = {"method": "`method`", "source": f"`source`: {', '.join(DRAFT_SOURCES)}",
               "accepted source": f"`source`: {', '.join(ACCEPTED_SOURCES)}", "": ""}
     rows = ["| metric | type | label | meaning |", "|---|---|---|---|"]

@@ -158,7 +158,7 @@ def check_num_speculative_tokens(value: Any, method: str = "lookahead") -> int:
 
 
 def options_table(options_cls: type, default_k: int, k_meaning: str) -> str:
-    """Markdown table of a method's options, for the README (kept in sync by a test)."""
+    """Markdown table of a method's options, for its docs page (kept in sync by a test)."""
     rows = ["| option | default | accepted | meaning |", "|---|---|---|---|"]
     rows.append(
         f"| `num_speculative_tokens` (K) | {default_k} | integer in "

@@ -2,7 +2,7 @@
 
 Support is decided by feature, never by version string: ``missing_features`` names the
 extension points our methods need; the version range below is what has been run or
-read (README, "Supported").
+read (README, "Install").
 """
 
 from __future__ import annotations

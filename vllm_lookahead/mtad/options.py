@@ -81,6 +81,6 @@ class MTADOptions(MethodOptions):
 
 
 def mtad_options_table() -> str:
-    """Markdown table of the ``mtad`` options, for the README (kept in sync by a test)."""
+    """Markdown table of the ``mtad`` options, for docs/mtad.md (kept in sync by a test)."""
     return options_table(MTADOptions, DEFAULT_SPEC_TOKENS,
                          "γ: draft length (tokens per beam).")
