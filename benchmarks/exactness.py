@@ -249,8 +249,9 @@ def wobble(batch_1: list, batch_all: list) -> dict:
 def near_tie_share(reference: list, dtype: str) -> dict:
     """How many of the reference's positions are near-ties: how often rounding alone
     could flip a greedy choice."""
-    flags = [tie(top, dtype)["near_tie"] for _, tops in reference for top in tops]
-    return {"positions": len(flags), "near_ties": sum(flags)}
+    ties = [tie(top, dtype) for _, tops in reference for top in tops]
+    return {"positions": len(ties), "near_ties": sum(t["near_tie"] for t in ties),
+            "smallest_gap": min((t["gap"] for t in ties), default=math.inf)}
 
 
 def describe_engine(llm) -> dict:

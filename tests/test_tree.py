@@ -121,6 +121,9 @@ def test_tree_samples_follow_the_target_distribution(llama_path, plain_samples):
     llm = LLM(llama_path, speculative_config=TREE_ONLY, max_num_seqs=3, **ENGINE_KWARGS)
     speculated = sample_tokens(llm, prompt)
     stats, = proposer_stats(llm)
+    # the control: tree nodes verified by the target's argmax instead of its samples
+    llm.collective_rpc(_verify_trees_greedily)
+    biased = sample_tokens(llm, prompt)
     shutdown(llm)
     # the positions below really went through tree verification
     assert stats.tree_fallbacks == 0
@@ -128,6 +131,27 @@ def test_tree_samples_follow_the_target_distribution(llama_path, plain_samples):
     for position in (1, 2, 3):
         assert same_distribution_pvalue(reference[:, position],
                                         speculated[:, position]) > SIGNIFICANCE
+    # the test can tell: the biased verifier's samples fail it
+    assert min(same_distribution_pvalue(reference[:, position], biased[:, position])
+               for position in (1, 2, 3)) < SIGNIFICANCE
+
+
+def _verify_trees_greedily(worker):
+    """In the worker: a deliberately biased tree verifier, which follows the target's
+    argmax at every node of a sampled request (vLLM still samples the bonus token)."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.worker import sampler
+
+    original = sampler._verify_trees
+
+    def greedy(step, output, draft_token_ids, num_draft_tokens, target_logits,
+               target_argmax, bonus_token_ids, sampling_metadata):
+        as_greedy = SimpleNamespace(all_greedy=True, generators=sampling_metadata.generators)
+        original(step, output, draft_token_ids, num_draft_tokens, target_logits,
+                 target_argmax, bonus_token_ids, as_greedy)
+
+    sampler._verify_trees = greedy
 
 
 #: Oracle trees: a wrong first chain, then the reference continuation as a branch.
