@@ -43,6 +43,10 @@ from benchmarks.server import ApiServer
 
 MAX_TOKENS_CHOICES = (16, 64, 128, 256)
 BAD_OPTION = {"lookahead_num_speculative_tokens": 10_000}
+PER_REQUEST_OPTIONS = ({"lookahead_num_speculative_tokens": 0},
+                       {"lookahead_num_speculative_tokens": 3},
+                       {"lookahead_draft_min_prob": 0.4},
+                       {"lookahead_tree_candidates": 0, "lookahead_tree_window": 0})
 STATE_DRAIN_TIMEOUT_S = 60.0
 SAMPLE_PERIOD_S = 1.0
 TINY_MODEL = "tiny-llama"
@@ -58,6 +62,7 @@ class RequestSpec:
     temperature: float = 0.0
     bad_option: bool = False  # must be rejected with HTTP 400
     near_max_model_len: bool = False
+    options: dict | None = None  # valid per-request lookahead options (vllm_xargs)
 
     @property
     def compared(self) -> bool:
@@ -76,7 +81,11 @@ class Outcome:
 
 def build_workload(prompts: list[list[int]], num_requests: int, max_model_len: int,
                    seed: int = 0, disconnect_share: float = 0.15, sampled_share: float = 0.1,
-                   bad_share: float = 0.02, near_limit_share: float = 0.02) -> list[RequestSpec]:
+                   bad_share: float = 0.02, near_limit_share: float = 0.02,
+                   options_share: float = 0.0) -> list[RequestSpec]:
+    """Seeded requests; ``options_share`` of the others carry valid per-request options
+    (a lower K, 0 included, or another draft_min_prob), which must not change a greedy
+    answer."""
     rng = random.Random(seed)
     specs = []
     for index in range(num_requests):
@@ -94,6 +103,8 @@ def build_workload(prompts: list[list[int]], num_requests: int, max_model_len: i
             spec.temperature = 0.8
         elif spec.stream and rng.random() < disconnect_share * 2:  # streams are half
             spec.disconnect_after_chunks = rng.randint(1, 8)
+        if not spec.bad_option and rng.random() < options_share:
+            spec.options = rng.choice(PER_REQUEST_OPTIONS)
         spec.prompt = spec.prompt[: max_model_len - max_tokens]
         specs.append(spec)
     return specs
@@ -134,6 +145,8 @@ async def _send(client, base_url: str, model: str, spec: RequestSpec) -> Outcome
         body["top_p"] = 0.95
     if spec.bad_option:
         body["vllm_xargs"] = BAD_OPTION
+    elif spec.options:
+        body["vllm_xargs"] = spec.options
     url = f"{base_url}/v1/completions"
     if not spec.stream:
         response = await client.post(url, json=body)
@@ -209,6 +222,7 @@ class ServerProbe:
             text = (await client.get(f"{self.base_url}/metrics", timeout=30)).text
             row["active_requests"] = prometheus_value(text, "vllm:speculative_active_requests")
             row["pool_ngrams"] = prometheus_value(text, "vllm:lookahead_pool_ngrams")
+            row["live_responses"] = prometheus_value(text, "vllm:lookahead_live_responses")
         except Exception as exc:  # noqa: BLE001 - an unreachable server is a finding
             self.unhealthy.append(f"t={row['t']}: {type(exc).__name__}: {exc}")
         self.samples.append(row)
@@ -230,7 +244,8 @@ class ServerProbe:
         async with httpx.AsyncClient(trust_env=False) as client:
             while True:
                 row = await self.sample(client)
-                if row.get("active_requests") == 0 or time.monotonic() > deadline:
+                drained = row.get("active_requests") == 0 and not row.get("live_responses")
+                if drained or time.monotonic() > deadline:
                     return row
                 await asyncio.sleep(SAMPLE_PERIOD_S)
 
@@ -277,6 +292,7 @@ def evaluate(specs: list[RequestSpec], outcomes: dict[int, Outcome],
         "every request got its expected outcome": not unexpected,
         "completed greedy responses equal no-speculation": not mismatches,
         "proposer state count back to 0": load["final"].get("active_requests") == 0,
+        "no live-corpus slot held": not load["final"].get("live_responses"),
         f"RSS growth over the second half < {rss_bound_mib:g} MiB": growth < rss_bound_mib,
     }
     return {

@@ -280,7 +280,8 @@ def test_missing_model_is_a_clear_error():
 @pytest.mark.parametrize("option,value,accepted", [
     ("acceptance", "greedy", "'joint' or 'lossless'"),
     ("acceptance_threshold", 0, r"\(0, 1\]"),
-    ("beam_width", 0, ">= 1"),
+    ("beam_width", 0, r"in \[1, 16\]"),
+    ("beam_width", 17, r"in \[1, 16\] \(got 17\)"),
     ("draft_top_p", 1.5, r"\(0, 1\]"),
     ("auxiliary_runner", "hf", "'vllm' or 'transformers'"),
 ])

@@ -225,18 +225,41 @@ def test_lookahead_metrics_move(servers):
     assert lookahead.metric("vllm:lookahead_corpus_size_tokens") > 0
 
 
-def test_load_with_streams_disconnects_and_bad_requests(servers):
-    """A small run of benchmarks.load_test (the 500-request one is in benchmarks/results)."""
-    plain, lookahead = servers
-    model = lookahead.client.models.list().data[0].id
-    specs = build_workload(make_prompts(16, seed=3), 64, max_model_len=1024, seed=1,
-                           disconnect_share=0.3, bad_share=0.05, near_limit_share=0.05)
-    assert any(s.near_max_model_len for s in specs) and any(s.bad_option for s in specs)
-    reference = asyncio.run(reference_outputs(plain.url, model, specs, 16, 600))
-    load = asyncio.run(load_server(lookahead.url, model, lookahead.process.pid, specs, 16, 600))
-    evaluation = evaluate(specs, load["outcomes"], reference, load, rss_bound_mib=128)
+#: The soak server's KV pool: 4096 tokens of the tiny model (1 KiB a token in float32),
+#: a fraction of what 32 requests in flight need, so vLLM preempts and recomputes.
+SOAK_KV_BYTES = 4 * 2**20
+
+
+@pytest.mark.soak
+def test_soak_under_preemption_with_aborts_sampling_and_request_options(
+        servers, llama_path, tmp_path):
+    """A modest soak (``benchmarks.load_test`` runs the full size): 192 requests, 32 in
+    flight, on a server with the defaults and a KV pool that forces preemption; a
+    quarter of them dropped by the client mid-stream (the server aborts them, preempted
+    or running), some sampled, a quarter with their own lookahead options, a few bad
+    ones. No engine error, every greedy answer served to the end equal to no
+    speculation's, the plugin's per-request state and live-corpus slots empty
+    afterwards, resident memory flat over the second half."""
+    plain, _ = servers
+    pressed = Server(llama_path, ["--speculative-config", "lookahead",
+                                  "--kv-cache-memory-bytes", str(SOAK_KV_BYTES)],
+                     tmp_path / "soak.log")
+    try:
+        pressed.wait_ready()
+        model = pressed.client.models.list().data[0].id
+        specs = build_workload(make_prompts(16, seed=3), 192, max_model_len=1024, seed=1,
+                               disconnect_share=0.25, sampled_share=0.15, bad_share=0.03,
+                               near_limit_share=0.03, options_share=0.25)
+        assert sum(s.disconnect_after_chunks is not None for s in specs) >= 192 // 5
+        assert any(s.options and s.compared for s in specs)
+        reference = asyncio.run(reference_outputs(plain.url, model, specs, 32, 900))
+        load = asyncio.run(load_server(pressed.url, model, pressed.process.pid, specs, 32, 900))
+        evaluation = evaluate(specs, load["outcomes"], reference, load, rss_bound_mib=128)
+        preemptions = pressed.metric("vllm:num_preemptions_total")
+    finally:
+        pressed.stop()
     assert evaluation["passed"], json.dumps({k: evaluation[k] for k in ("checks", "unexpected",
                                                              "mismatched_requests",
                                                              "rss_growth_mib")}, indent=1)
-    assert evaluation["statuses"]["disconnected"] > 0
-    assert evaluation["compared"] > 30
+    assert evaluation["statuses"]["disconnected"] > 0 and preemptions > 0
+    assert evaluation["compared"] > 60

@@ -85,6 +85,8 @@ LOOKAHEAD_COUNTERS = [
 LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_pool_ngrams", "pool_ngrams",
      "N-grams held in the pools of active requests."),
+    ("vllm:lookahead_live_responses", "live_responses",
+     "Requests holding a slot of the live responses' corpus (0 when idle)."),
     ("vllm:lookahead_corpus_size_tokens", "corpus_size",
      "Tokens held in the cross-request response corpus."),
     ("vllm:lookahead_step_fixed_seconds", "step_fixed_seconds",
@@ -176,6 +178,7 @@ class ProposerStats:
     request_passes: int = 0  # their target forward passes (S = the ratio)
     active_requests: int = 0
     pool_ngrams: int = 0  # held by active requests' pools
+    live_responses: int = 0  # requests holding a live-corpus slot
     corpus_size: int = 0  # tokens held by the response corpus
     # the cost-aware cut's step cost fit (nan: none yet) and free tokens (inf: no cut)
     step_fixed_seconds: float = math.nan

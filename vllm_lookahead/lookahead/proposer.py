@@ -81,6 +81,7 @@ class LookaheadProposer:
             self._stats,
             active_requests=len(self._states),
             pool_ngrams=self._states.pool_entries(),
+            live_responses=self._sources.live.holders,
             corpus_size=len(self._sources.corpus),
             step_fixed_seconds=self.cost_model.fixed_seconds,
             step_token_seconds=self.cost_model.token_seconds,

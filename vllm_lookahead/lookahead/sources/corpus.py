@@ -114,6 +114,11 @@ class LiveResponses:
         return self._size
 
     @property
+    def holders(self) -> int:
+        """Requests holding a slot now."""
+        return len(self._slots)
+
+    @property
     def enabled(self) -> bool:
         return self.slot_tokens >= 3  # a bigram and a continuation token
 
