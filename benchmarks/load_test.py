@@ -320,8 +320,9 @@ def _as_expected(spec: RequestSpec, outcome: Outcome) -> bool:
 
 async def reference_outputs(base_url: str, model: str, specs: list[RequestSpec],
                             concurrency: int, request_timeout: float) -> dict[int, list[int]]:
-    """Token ids of every compared request from a server without speculation."""
-    plain = [dataclasses.replace(s, stream=False) for s in specs if s.compared]
+    """Token ids of every compared request from a server without speculation (which
+    refuses lookahead's per-request options: they go without them)."""
+    plain = [dataclasses.replace(s, stream=False, options=None) for s in specs if s.compared]
     outcomes = await run_workload(base_url, model, plain, concurrency, request_timeout)
     failed = [f"{i}: {o.detail[:200]}" for i, o in outcomes.items() if o.status != "completed"]
     if failed:

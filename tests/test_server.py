@@ -248,7 +248,7 @@ def test_soak_under_preemption_with_aborts_sampling_and_request_options(
         pressed.wait_ready()
         model = pressed.client.models.list().data[0].id
         specs = build_workload(make_prompts(16, seed=3), 192, max_model_len=1024, seed=1,
-                               disconnect_share=0.25, sampled_share=0.15, bad_share=0.03,
+                               disconnect_share=0.32, sampled_share=0.15, bad_share=0.03,
                                near_limit_share=0.03, options_share=0.25)
         assert sum(s.disconnect_after_chunks is not None for s in specs) >= 192 // 5
         assert any(s.options and s.compared for s in specs)
