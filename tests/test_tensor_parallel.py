@@ -108,6 +108,7 @@ def test_tp2_ranks_decide_alike_round_after_round(llama_path, llama_reference, m
                 assert outputs == llama_reference
             stats = proposer_stats(llm)
             decisions = [{name: getattr(s, name) for name in DECISIONS} for s in stats]
+            print(f"round {round_} rank decisions:", decisions)  # the evidence, with -s
             assert decisions[0] == decisions[1], f"round {round_}: {decisions}"
         assert stats[0].corpus_tokens > 0 and stats[0].filled_steps > 0
         assert stats[0].tree_nodes > 0
