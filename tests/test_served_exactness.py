@@ -17,7 +17,8 @@ import os
 import pytest
 from conftest import NEAR_TIE, make_prompts
 
-from benchmarks.exactness import CONFIGURATIONS, compare, passed, run_configuration, tie
+from benchmarks.divergence import compare, tie
+from benchmarks.exactness import CONFIGURATIONS, passed, run_configuration
 
 CONFIGURATION = CONFIGURATIONS[os.environ.get("LOOKAHEAD_EXACTNESS", "cpu-fp32")]
 MAX_TOKENS = 96

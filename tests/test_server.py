@@ -16,13 +16,8 @@ import requests
 from conftest import make_prompts
 from openai import OpenAI
 
-from benchmarks.load_test import (
-    build_workload,
-    evaluate,
-    load_server,
-    prometheus_value,
-    reference_outputs,
-)
+from benchmarks.load_test import evaluate, load_server, prometheus_value, reference_outputs
+from benchmarks.load_workload import build_workload
 
 SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
                "--kv-cache-memory-bytes", str(64 * 2**20), "--seed", "0"]
