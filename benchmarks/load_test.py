@@ -87,6 +87,7 @@ class ServerProbe:
             row["active_requests"] = prometheus_value(text, "vllm:speculative_active_requests")
             row["pool_ngrams"] = prometheus_value(text, "vllm:lookahead_pool_ngrams")
             row["live_responses"] = prometheus_value(text, "vllm:lookahead_live_responses")
+            row["preemptions"] = prometheus_value(text, "vllm:num_preemptions_total")
         except Exception as exc:  # noqa: BLE001 - an unreachable server is a finding
             self.unhealthy.append(f"t={row['t']}: {type(exc).__name__}: {exc}")
         self.samples.append(row)
@@ -233,8 +234,10 @@ def render_markdown(results: dict) -> str:
               f"of the requests, {results['final']['rss_mib']:.0f} MiB at the end (growth "
               f"{ev['rss_growth_mib']:+.0f} MiB, bound {cfg['rss_growth_bound_mib']:g}); "
               f"peak {peak:.0f} MiB.")
-    state = (f"Proposer state after the run: {results['final'].get('active_requests')} "
-             f"requests, {results['final'].get('pool_ngrams')} pool n-grams.")
+    final = results["final"]
+    state = (f"Proposer state after the run: {final.get('active_requests')} requests, "
+             f"{final.get('pool_ngrams')} pool n-grams, {final.get('live_responses')} "
+             f"live-corpus slots; vLLM preempted {final.get('preemptions')} times.")
     lines += ["", compared, memory, state, ""]
     if ev["unexpected"]:
         lines += ["Unexpected outcomes (first 20):", ""] + [f"- {u}" for u in ev["unexpected"]]
