@@ -1,11 +1,11 @@
 """Greedy exactness of lookahead against no speculation, in the modes users serve it.
 
     python -m benchmarks.exactness --model PATH --output-dir DIR [--configurations A,B]
-        [--datasets humaneval,mt_bench] [--num-prompts 4] [--max-tokens 256] [--jobs 3]
+        [--datasets humaneval,mt_bench] [--num-prompts 4] [--max-tokens 256] [--jobs 4]
 
 A *configuration* is how the engines run: dtype, CUDA graphs (vLLM's default mode) or
-eager, vLLM's batch-invariant kernels (``VLLM_BATCH_INVARIANT=1``) or not. In each, one
-process (the variable must be set before vLLM is imported): a reference engine without
+eager, and the environment (vLLM's batch-invariant kernels, Triton's float32 dot
+products). In each, one process (vLLM and Triton read the variables once): a reference engine without
 speculation decodes every prompt greedily all at once (batch 8 by default) and at batch 1 (one
 at a time), keeping the top two raw logits of every position; then each lookahead
 *variant* (the defaults; trees on and drafts not filled; the defaults under chunked
@@ -95,8 +95,8 @@ def run_configuration(configuration: Configuration, model: str, prompts: list[li
                       max_tokens: int, max_model_len: int, kv_bytes: int,
                       on_progress=lambda result: None) -> dict:
     """The reference and every variant of ``configuration``, in this process (whose
-    environment must already say whether vLLM's kernels are batch-invariant);
-    ``on_progress`` gets the result so far after each engine."""
+    environment must already hold the configuration's ``env``: vLLM and Triton read it
+    once); ``on_progress`` gets the result so far after each engine."""
     from vllm import LLM, SamplingParams
 
     wanted = dict(configuration.env)
