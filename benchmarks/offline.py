@@ -81,7 +81,25 @@ def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
     measurement["start"] = start_state(llm, proposer_before)
     measurement["steps_by_graph_mode"] = graph_modes.difference(graph_modes.read(llm),
                                                                 graph_steps_before)
+    cut = cut_state(llm)
+    if cut is not None:
+        measurement["cut"] = cut
     return measurement
+
+
+def cut_state(llm) -> dict | None:
+    """Lookahead's cost-aware cut after the run (since start-up, warm-up included): its
+    kept tokens by estimated acceptance against the text (``lookahead/calibration.py``)
+    and the recent passes' times by token count against its cost curve."""
+
+    def read(worker) -> dict | None:
+        drafter = getattr(worker.model_runner, "drafter", None)
+        if getattr(drafter, "calibration", None) is None:
+            return None
+        return {"calibration": drafter.calibration.table(),
+                "step_seconds": drafter.cost_model.by_token_count()}
+
+    return llm.collective_rpc(read)[0]
 
 
 def _counters(llm) -> SpecDecodeCounters:
@@ -126,8 +144,9 @@ def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
     accepted tokens by draft source."""
     if before is None or after is None:
         return None
-    delta = {"steps": after["steps"] - before["steps"],
-             "seconds": after["seconds"] - before["seconds"]}
+    delta = {field: after[field] - before[field]
+             for field in ("steps", "seconds", "kept_tokens_expected", "kept_tokens_matched")
+             if field in after}
     if all(field in after for field in ACCEPTED_SOURCES.values()):
         delta["accepted_by_source"] = {source: after[field] - before[field]
                                        for source, field in ACCEPTED_SOURCES.items()}

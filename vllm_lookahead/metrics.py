@@ -75,6 +75,11 @@ LOOKAHEAD_COUNTERS = [
      "Draft tokens dropped because the step's compute could not afford them."),
     ("vllm:lookahead_cut_draft_tokens_matched", "cut_tokens_confirmed",
      "Cut draft tokens that the generated text then matched (acceptance the cut gave up)."),
+    ("vllm:lookahead_kept_draft_tokens_expected", "kept_tokens_expected",
+     "Draft tokens the cut kept, their estimated acceptance summed (against "
+     "kept_draft_tokens_matched: how well the cut's estimates held)."),
+    ("vllm:lookahead_kept_draft_tokens_matched", "kept_tokens_matched",
+     "Draft tokens the cut kept that the generated text then matched."),
     ("vllm:lookahead_harvested_ngrams", "harvested_ngrams",
      "N-grams harvested from the target's predictions at draft positions (Jacobi)."),
     ("vllm:lookahead_filled_steps", "filled_steps",
@@ -150,6 +155,10 @@ class ProposerStats:
     draft_tokens: int = 0
     cut_tokens: int = 0  # draft tokens dropped because the step could not afford them
     cut_tokens_confirmed: int = 0  # ... that the generated text then matched
+    # kept draft tokens of steps that were cut: the cut's estimates of their acceptance,
+    # summed, and how many the generated text matched (``lookahead/calibration.py``)
+    kept_tokens_expected: float = 0.0
+    kept_tokens_matched: int = 0
     suffix_tokens: int = 0
     corpus_tokens: int = 0
     pool_tokens: int = 0

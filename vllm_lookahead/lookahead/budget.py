@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 
+from vllm_lookahead.lookahead.calibration import AcceptanceCalibration
 from vllm_lookahead.lookahead.step_cost import CostCurve
 
 #: Pseudo-verifications behind each acceptance-by-depth estimate.
@@ -219,15 +220,17 @@ class TreeYield:
 
 class WorkerEstimates:
     """The worker's estimates by sampling class (``sampling_class``): acceptance by
-    depth of ``num_classes`` calibration classes in groups of ``group_size`` (learned in
-    hindsight, read by the cut) and tree yield (learned from verified trees, read where
-    trees are grown)."""
+    depth of ``num_classes`` calibration classes in groups of ``group_size`` and the
+    calibration of the estimates they give (learned in hindsight, read by the cut), and
+    tree yield (learned from verified trees, read where trees are grown)."""
 
     def __init__(self, max_depth: int, num_classes: int, group_size: int):
         self.depth_acceptance = [AcceptanceByDepth(max_depth, num_classes,
                                                    group_size=group_size)
                                  for _ in range(NUM_SAMPLING_CLASSES)]
         self.depth_acceptance[0].conditional_rates()  # compiled before the first request
+        self.calibrations = [AcceptanceCalibration(WORKER_DECAY)
+                             for _ in range(NUM_SAMPLING_CLASSES)]
         self.tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
 
 
@@ -265,14 +268,16 @@ def affordable_draft_lengths(
     return np.bincount(owner[order[:kept]], minlength=num_requests)
 
 
-def cut_to_budget(drafts: list[list[int]], first_rates: list[float], survival: np.ndarray,
-                  step_cost: CostCurve | None) -> int:
-    """Shorten drafts (in place) to the tokens the step's compute affords; returns the
-    tokens cut (none before the cost model has a curve)."""
-    if step_cost is None:
-        return 0
+def cut_to_budget(drafts: list[list[int]], estimates: list[np.ndarray],
+                  step_cost: CostCurve) -> int:
+    """Shorten drafts (in place) to the tokens the step's compute affords, by each
+    token's estimated acceptance (non-increasing along each draft); returns the tokens
+    cut."""
     lengths = np.array([len(draft) for draft in drafts])
-    kept = affordable_draft_lengths(lengths, np.array(first_rates), survival, step_cost)
+    padded = np.zeros((len(drafts), max(1, int(lengths.max(initial=0)))))
+    for b, estimate in enumerate(estimates):
+        padded[b, : len(estimate)] = estimate
+    kept = affordable_draft_lengths(lengths, np.ones(len(drafts)), padded, step_cost)
     cut = 0
     for draft, keep in zip(drafts, kept.tolist()):
         cut += len(draft) - keep

@@ -1,7 +1,8 @@
 """The cost-aware cut (``cost_aware_drafts``): a step's main drafts shortened to the
 tokens its compute affords (``budget.py``), each token's acceptance estimated by its
-calibration class; every draft is kept as proposed, cut or not, for ``hindsight.py``,
-and a debug line now and then explains the cut."""
+calibration class and corrected by what such estimates were worth
+(``calibration.py``); every draft is kept as proposed, cut or not, for
+``hindsight.py``, and a debug line now and then explains the cut."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from vllm_lookahead.lookahead.budget import (
 )
 from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.state import RequestState
-from vllm_lookahead.lookahead.step_cost import CostCurve, StepCostModel
+from vllm_lookahead.lookahead.step_cost import StepCostModel
 from vllm_lookahead.metrics import ProposerStats
 
 logger = get_logger(__name__)
@@ -38,15 +39,15 @@ class CostAwareCut:
                  cost_model: StepCostModel, stats: ProposerStats):
         self.num_speculative_tokens = num_speculative_tokens
         self._depth_acceptance = estimates.depth_acceptance
+        self._calibrations = estimates.calibrations
         self._cost_model = cost_model
         self._stats = stats
         self._log = CutLog()
 
     def apply(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
               plan: StepPlan) -> None:
-        """Estimate each draft's first token by its calibration class, cut the drafts to
-        the step's budget (not in a filled step) and keep them, as proposed, to check in
-        hindsight."""
+        """Estimate each draft token's acceptance, cut the drafts to the step's budget
+        (not in a filled step) and keep them, as proposed, to check in hindsight."""
         classes = [draft.token_classes() for draft in main]
         proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
         first_rates = {c: self._depth_acceptance[c].first_token_rates()
@@ -55,32 +56,35 @@ class CostAwareCut:
             float(first_rates[state.sampling_class][token_classes[0]])
             if len(token_classes) else 0.0
             for state, token_classes in zip(states, classes)]
-        if not plan.fill:
-            self._stats.cut_tokens += self._cut(main, classes, first_estimates, states,
-                                                plan.step_cost)
+        estimates = self._estimates(classes, first_estimates, states)
+        calibrated = [self._calibrations[state.sampling_class].apply(estimate)
+                      for state, estimate in zip(states, estimates)]
+        cutting = not plan.fill and plan.step_cost is not None
+        if cutting:
+            self._stats.cut_tokens += cut_to_budget([draft.tokens for draft in main],
+                                                    calibrated, plan.step_cost)
         for b, state in enumerate(states):
-            state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
-                                    len(main[b].tokens), state.max_draft, first_estimates[b])
+            kept = len(main[b].tokens)
+            state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b], kept,
+                                    state.max_draft, first_estimates[b],
+                                    (estimates[b][:kept], calibrated[b][:kept])
+                                    if cutting else None)
         self._stats.free_tokens = math.inf if plan.free_tokens is None else plan.free_tokens
         self._log.maybe_log(self._stats, self._cost_model)
 
-    def _cut(self, main: list[Draft], classes: list[np.ndarray], first_estimates: list[float],
-             states: list[RequestState], step_cost: CostCurve | None) -> int:
-        """Cut the main drafts to the step's budget. Each token's acceptance is
-        estimated by calibration class (its source and support bin): the first token's
-        by the worker's ``first_estimates`` scaled by its request's own record, the
-        later ones by the acceptance by depth of tokens of the same classes, among
-        requests of the same sampling class."""
-        sampling = [state.sampling_class for state in states]
-        rates = {c: self._depth_acceptance[c].conditional_rates() for c in set(sampling)}
-        survival = np.ones((len(main), self.num_speculative_tokens))
-        for b, c in enumerate(sampling):
-            if len(classes[b]):
-                survival[b, : len(classes[b])] = survival_along(rates[c], classes[b])
-        first_rates = [state.first_token_rate(estimate)
-                       for state, estimate in zip(states, first_estimates)]
-        return cut_to_budget([draft.tokens for draft in main], first_rates, survival,
-                             step_cost)
+    def _estimates(self, classes: list[np.ndarray], first_estimates: list[float],
+                   states: list[RequestState]) -> list[np.ndarray]:
+        """Each draft token's acceptance, by calibration class (its source and support
+        bin): the first token's by the worker's ``first_estimates`` scaled by its
+        request's own record, the later ones by the acceptance by depth of tokens of the
+        same classes, among requests of the same sampling class (before
+        ``calibration.py`` corrects the product)."""
+        rates = {c: self._depth_acceptance[c].conditional_rates()
+                 for c in {state.sampling_class for state in states}}
+        return [state.first_token_rate(estimate)
+                * survival_along(rates[state.sampling_class], token_classes)
+                if len(token_classes) else np.zeros(0)
+                for state, token_classes, estimate in zip(states, classes, first_estimates)]
 
 
 class CutLog:

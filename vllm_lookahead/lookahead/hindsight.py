@@ -28,7 +28,14 @@ class ProposedDraft:
     classes: np.ndarray  # each token's calibration class (``Draft.token_classes``)
     kept: int  # leading tokens the cut left to be verified
     first_estimate: float  # the worker's acceptance estimate of its first token's class
+    #: the cut's estimates of the acceptance of each token it kept, before and after
+    #: calibration (None: the step was not cut)
+    kept_estimates: tuple[np.ndarray, np.ndarray] | None = None
     matched: int = 0  # leading tokens the generated text has confirmed so far
+
+    def hits(self) -> np.ndarray:
+        """Which tokens the text matched (once settled: a prefix)."""
+        return np.arange(len(self.tokens)) < self.matched
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Outcome:
     cut_confirmed: int  # matched tokens among those the cut had dropped
     classes: np.ndarray  # the calibration class of each of the draft's tokens
     first_estimate: float  # what the worker expected of its first token when proposed
+    settled: ProposedDraft | None = None  # the draft, if this settled all its tokens
 
 
 @dataclass
@@ -56,12 +64,14 @@ class Hindsight:
     pending: list[ProposedDraft] = field(default_factory=list)
 
     def propose(self, start: int, tokens: np.ndarray, classes: np.ndarray, kept: int,
-                max_pending: int, first_estimate: float) -> None:
+                max_pending: int, first_estimate: float,
+                kept_estimates: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         if not len(tokens):
             return
         if len(self.pending) >= max_pending:
             del self.pending[: len(self.pending) - max_pending + 1]
-        self.pending.append(ProposedDraft(start, tokens, classes, kept, first_estimate))
+        self.pending.append(ProposedDraft(start, tokens, classes, kept, first_estimate,
+                                          kept_estimates))
 
     def settle(self, context: np.ndarray, num_tokens: int) -> list[Outcome]:
         """Compare the pending drafts with the context's tokens up to ``num_tokens``;
@@ -79,9 +89,10 @@ class Hindsight:
             draft.matched = first + confirmed
             cut_confirmed = max(0, draft.matched - max(first, draft.kept))
             compared = confirmed + (1 if len(differs) else 0)
+            settled = len(differs) or draft.matched == len(draft.tokens)
             outcomes.append(Outcome(first, compared, confirmed, cut_confirmed, draft.classes,
-                                    draft.first_estimate))
-            if not len(differs) and draft.matched < len(draft.tokens):
+                                    draft.first_estimate, draft if settled else None))
+            if not settled:
                 still_pending.append(draft)
         self.pending = still_pending
         return outcomes

@@ -13,6 +13,8 @@ import torch
 
 from vllm_lookahead.lookahead import feedback, trees
 from vllm_lookahead.lookahead.budget import WorkerEstimates
+from vllm_lookahead.lookahead.calibration import CutCalibration
+from vllm_lookahead.lookahead.hindsight import ProposedDraft
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.drafts import DraftSources
 from vllm_lookahead.lookahead.state import DecodingRows, RequestState, RequestStates
@@ -27,7 +29,8 @@ class PassLearner:
     and the trees read."""
 
     def __init__(self, options: LookaheadOptions, states: RequestStates,
-                 sources: DraftSources, estimates: WorkerEstimates, stats: ProposerStats):
+                 sources: DraftSources, estimates: WorkerEstimates, stats: ProposerStats,
+                 calibration: CutCalibration):
         #: what the worker's hooks handed over during the pass, read at the next step
         self._capture: VerificationCapture | None = None
         self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -36,6 +39,7 @@ class PassLearner:
         self._sources = sources
         self._estimates = estimates
         self._stats = stats
+        self._calibration = calibration
 
     def keep_capture(self, capture: VerificationCapture) -> None:
         """The pass's verification, read at the next step."""
@@ -56,6 +60,8 @@ class PassLearner:
         if self.options.cost_aware_drafts:
             for depth_acceptance in self._estimates.depth_acceptance:
                 depth_acceptance.decay()
+            for calibration in self._estimates.calibrations:
+                calibration.decay()
         decoding = DecodingRows()
         for row, emitted in enumerate(sampled_token_ids):
             if not emitted:  # partial prefill chunk: nothing to draft yet
@@ -101,6 +107,21 @@ class PassLearner:
             depth_acceptance.add(outcome.first, outcome.compared, outcome.confirmed,
                                  outcome.classes)
             self._stats.cut_tokens_confirmed += outcome.cut_confirmed
+            if outcome.settled is not None:
+                self._calibrate(state, outcome.settled)
+
+    def _calibrate(self, state: RequestState, draft: ProposedDraft) -> None:
+        """A settled draft's kept tokens against the text: into the calibration of its
+        sampling class's next estimates (by their uncalibrated estimates) and into the
+        report (by the calibrated ones the cut used)."""
+        if draft.kept_estimates is None or not len(draft.kept_estimates[0]):
+            return
+        raw, calibrated = draft.kept_estimates
+        hits = draft.hits()[: len(raw)]
+        self._estimates.calibrations[state.sampling_class].add(raw, hits)
+        self._calibration.add(calibrated, hits)
+        self._stats.kept_tokens_expected += float(calibrated.sum())
+        self._stats.kept_tokens_matched += int(hits.sum())
 
     def _learn(self, state: RequestState, emitted: list[int],
                verified: feedback.Verified | None) -> None:

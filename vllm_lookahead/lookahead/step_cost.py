@@ -120,6 +120,21 @@ class StepCostModel:
         self._refit_if_due()
         return self._curve
 
+    def by_token_count(self) -> list[dict]:
+        """For reports: each token count among the recent passes, how many were timed,
+        their mean and quiet times, and what the curve prices it at (seconds)."""
+        n = self._tokens[: min(self._count, len(self._tokens))]
+        t = self._seconds[: len(n)]
+        curve = self.curve()
+        rows = []
+        for count in np.unique(n):
+            times = np.sort(t[n == count])
+            rows.append({"tokens": int(count), "passes": len(times),
+                         "mean": float(times.mean()),
+                         "quiet": float(times[int((len(times) - 1) * QUIET_QUANTILE)]),
+                         "curve": None if curve is None else float(curve(count))})
+        return rows
+
     def _refit_if_due(self) -> None:
         crossed_minimum = self._fitted_at < MIN_SAMPLES <= self._count
         due = crossed_minimum or self._count - self._fitted_at >= REFIT_INTERVAL

@@ -1,0 +1,103 @@
+"""The cost-aware cut's estimates recalibrated by what the tokens it kept were worth
+(``lookahead/calibration.py``): no model, no clock."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
+from vllm_lookahead.lookahead.calibration import AcceptanceCalibration, CutCalibration
+from vllm_lookahead.lookahead.cut import CostAwareCut
+from vllm_lookahead.lookahead.hindsight import Hindsight
+from vllm_lookahead.lookahead.sources.draft import NUM_TOKEN_CLASSES, SUPPORT_BINS, Draft
+from vllm_lookahead.lookahead.sources.pool import NgramPool
+from vllm_lookahead.lookahead.state import RequestState
+from vllm_lookahead.lookahead.step_cost import CostCurve, StepCostModel
+from vllm_lookahead.metrics import ProposerStats
+
+K = 8
+
+
+def test_without_evidence_estimates_are_kept():
+    estimates = np.array([0.95, 0.9, 0.6, 0.2])
+    np.testing.assert_allclose(AcceptanceCalibration(0.99).apply(estimates), estimates)
+
+
+def test_an_over_estimated_bin_is_scaled_to_what_it_matched():
+    calibration = AcceptanceCalibration(0.99)
+    for _ in range(200):  # tokens estimated at 0.95 matched half the time
+        calibration.add(np.array([0.95, 0.95]), np.array([True, False]))
+    assert 0.45 < calibration.apply(np.array([0.95]))[0] < 0.55
+    assert calibration.apply(np.array([0.6]))[0] == 0.6  # no evidence in its bin
+
+
+def test_estimates_are_never_raised_and_stay_non_increasing_along_a_draft():
+    calibration = AcceptanceCalibration(0.99)
+    for _ in range(200):
+        calibration.add(np.array([0.95]), np.array([False]))  # top bin: never matched
+        calibration.add(np.array([0.35]), np.array([True]))  # 0.3 bin: always
+    calibrated = calibration.apply(np.array([0.97, 0.35]))
+    assert calibrated[0] < 0.1
+    assert calibrated[1] <= calibrated[0]  # not raised, and not above the token before
+
+
+def test_without_new_evidence_the_prior_returns():
+    calibration = AcceptanceCalibration(0.9)
+    for _ in range(200):
+        calibration.add(np.array([0.95]), np.array([False]))
+    before = calibration.apply(np.array([0.95]))[0]
+    for _ in range(100):
+        calibration.decay()
+    assert before < 0.2 and calibration.apply(np.array([0.95]))[0] > 0.9
+
+
+def context_draft(tokens: list[int]) -> Draft:
+    """A draft of well-supported context tokens."""
+    return Draft(list(tokens), matched=len(tokens), bins=[SUPPORT_BINS - 1] * len(tokens))
+
+
+def cut_for(estimates: WorkerEstimates, drafts: list[list[int]]) -> list[int]:
+    """The cut's kept lengths for context ``drafts``, on a step whose tokens each cost
+    a tenth of its fixed part."""
+    cut = CostAwareCut(K, estimates, StepCostModel(), ProposerStats())
+    states = [RequestState(NgramPool(3, 8, 100), prompt_len=0, next_ngram_start=0,
+                           max_draft=K, draft_limit=K) for _ in drafts]
+    main = [context_draft(tokens) for tokens in drafts]
+    cut.apply(main, states, np.full(len(drafts), 100), StepPlan(10.0, CostCurve.linear(
+        1.0, 0.1), fill=False))
+    return [len(draft.tokens) for draft in main]
+
+
+def test_the_cut_drops_tokens_whose_estimates_did_not_hold():
+    """Guards the calibration in ``CostAwareCut.apply``: with it removed (the raw
+    estimates cut), the over-estimated tokens are all kept."""
+    drafts = [list(range(1, K + 1)) for _ in range(16)]
+    trusted = WorkerEstimates(K, NUM_TOKEN_CLASSES, SUPPORT_BINS)
+    for depth_acceptance in trusted.depth_acceptance:  # long spans always right so far
+        for _ in range(200):
+            depth_acceptance.add(0, K, K, context_draft(drafts[0]).token_classes())
+    assert sum(cut_for(trusted, drafts)) == 16 * K
+    for _ in range(400):  # ... but the tokens the cut kept matched a third of the time
+        trusted.calibrations[0].add(np.full(K, 0.97), np.arange(K) < 3)
+    assert sum(cut_for(trusted, drafts)) < 16 * K / 2
+
+
+def test_the_report_compares_kept_estimates_with_the_text():
+    report = CutCalibration()
+    report.add(np.array([0.95, 0.85, 0.15]), np.array([True, False, False]))
+    rows = {row["estimate_from"]: row for row in report.table()}
+    assert rows[0.9]["tokens"] == 1 and rows[0.9]["matched_rate"] == 1.0
+    assert rows[0.8]["matched_rate"] == 0.0 and rows[0.1]["mean_estimate"] == 0.15
+
+
+def test_hindsight_hands_over_a_draft_once_every_token_is_settled():
+    hindsight = Hindsight()
+    kept = (np.array([0.9, 0.8]), np.array([0.5, 0.4]))
+    hindsight.propose(start=2, tokens=np.array([5, 6, 7]), classes=np.zeros(3, int), kept=2,
+                      max_pending=4, first_estimate=0.9, kept_estimates=kept)
+    context = np.array([1, 2, 5, 6, 9, 9])
+    (first,) = hindsight.settle(context, num_tokens=3)  # only the first token generated
+    assert first.settled is None
+    (second,) = hindsight.settle(context, num_tokens=6)  # 6 matched, 7 did not
+    assert second.settled is not None and second.settled.kept_estimates is kept
+    assert second.settled.hits().tolist() == [True, True, False]
