@@ -66,6 +66,7 @@ def render_markdown(results: dict, rows: list[dict]) -> str:
         if mode_rows:
             lines += [f"## {MODE_TITLES[mode]}", "", *_table(mode, mode_rows), ""]
     lines += _start_table(results["measurements"])
+    lines += _cut_table(results["measurements"])
     lines += [
         ("S = generated tokens / target forward passes, counted by the harness (server: "
          "token-carrying stream chunks). Acceptance: vLLM's counters, over steps that had a "
@@ -134,6 +135,28 @@ def _start_table(measurements: list[dict]) -> list[str]:
             f"| {method} | {m['startup_seconds']:.1f} | {start['kv_blocks']} | "
             f"{start['held_blocks']} | {measured} | "
             f"{checks.get(start.get('tree_check'), '-')} |")
+    return [*lines, ""]
+
+
+def _cut_table(measurements: list[dict]) -> list[str]:
+    """Lookahead's cost-aware cut per offline measurement (its engine's whole life, the
+    warm-up included): the draft tokens it kept, by bin of the acceptance it estimated
+    for them, against how often the generated text matched them."""
+    cut = [m for m in measurements if m.get("cut")]
+    if not cut:
+        return []
+    lines = ["## The cost-aware cut's estimates (kept draft tokens)", "",
+             "| dataset | method | kept | estimated | matched | by estimate: tokens, mean "
+             "estimate -> matched rate |", "|---|---|---|---|---|---|"]
+    for m in cut:
+        table = m["cut"]["calibration"]
+        bins = "; ".join(f"{row['estimate_from']:.1f}+: {row['tokens']}, "
+                         f"{row['mean_estimate']:.2f} -> {row['matched_rate']:.2f}"
+                         for row in table)
+        expected = sum(row["tokens"] * row["mean_estimate"] for row in table)
+        matched = sum(row["tokens"] * row["matched_rate"] for row in table)
+        lines.append(f"| {m['dataset']} | {m['method']} | {sum(r['tokens'] for r in table)} "
+                     f"| {expected:.0f} | {matched:.0f} | {bins} |")
     return [*lines, ""]
 
 
