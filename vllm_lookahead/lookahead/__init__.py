@@ -9,5 +9,5 @@ below them ``feedback.py`` (what a pass tells: acceptance, the Jacobi harvest),
 then ``state.py`` (per-request state); then ``sources/`` (context match, response
 corpus, n-gram pool, draft rescoring, recycled top-k; ``sources/draft.py``: the
 ``Draft`` they produce) and ``budget.py`` (what drafts a step affords); at the bottom
-``step_cost.py``, ``hindsight.py`` and ``options.py``.
+``step_cost.py``, ``calibration.py``, ``hindsight.py`` and ``options.py``.
 """
