@@ -212,6 +212,16 @@ def test_the_cost_curve_follows_each_token_counts_quiet_time():
     assert curve(np.array([17, 40])) == pytest.approx(truth(np.array([17, 40])), rel=0.05)
 
 
+def test_the_report_lists_each_token_counts_passes_against_the_curve():
+    model = StepCostModel()
+    for n, seconds in [(1, 0.010), (1, 0.012), (1, 0.030), (1, 0.011), (4, 0.020)] * 8:
+        model.add(n, seconds)
+    one, four = model.by_token_count()
+    assert (one["tokens"], one["passes"], four["passes"]) == (1, 32, 8)
+    assert one["quiet"] == 0.010 and one["mean"] == pytest.approx(0.01575)
+    assert one["curve"] == pytest.approx(0.010) and four["curve"] == pytest.approx(0.020)
+
+
 def test_the_cost_curve_pools_a_count_that_looks_cheaper_than_fewer_tokens():
     model = StepCostModel()
     for _ in range(MIN_SAMPLES):

@@ -93,13 +93,80 @@ def test_sampled_tokens_follow_the_target_distribution(samples, position):
     assert same_distribution_pvalue(reference[:, position], speculated[:, position]) > SIGNIFICANCE
 
 
-def test_distribution_test_detects_a_biased_sampler(samples):
-    """Control: a sampler that returns one fixed plausible token (the reference's second
-    most common) instead of its sample 20% of the time is caught by the same test (at 10%
+def biased(reference: np.ndarray, speculated: np.ndarray, seed: int) -> np.ndarray:
+    """The samples' second tokens from a sampler that returns one fixed plausible token
+    (the reference's second most common) instead of its sample 20% of the time (at 10%
     the p-value sat near the threshold: 0.00114 in one run, with 1500 samples)."""
-    reference, speculated = samples
-    biased = speculated[:, 1].copy()
+    tokens = speculated[:, 1].copy()
     favoured = np.bincount(reference[:, 1]).argsort()[-2]
-    rng = np.random.default_rng(0)
-    biased[rng.random(SAMPLES) < 0.20] = favoured
-    assert same_distribution_pvalue(reference[:, 1], biased) < SIGNIFICANCE
+    tokens[np.random.default_rng(seed).random(SAMPLES) < 0.20] = favoured
+    return tokens
+
+
+def test_distribution_test_detects_a_biased_sampler(samples):
+    """Control: a biased sampler (``biased``) is caught by the same test."""
+    reference, speculated = samples
+    assert same_distribution_pvalue(reference[:, 1], biased(reference, speculated, 0)) \
+        < SIGNIFICANCE
+
+
+#: Lookahead's defaults with drafts filled to K (K = 24: every slot verified under
+#: sampling, which the cost cut would otherwise mostly drop with 1500 requests in flight).
+FILLED_DEFAULTS = {"method": "lookahead", "uniform_drafts": "on"}
+#: KV pool, in requests of the sampled prompt (its tokens, 4 samples and K slots):
+#: vLLM admits more and preempts the running ones when their drafts need blocks.
+PRESSED_REQUESTS = 3
+
+
+def kv_bytes_per_token(model_path: str, dtype_bytes: int = 4) -> int:
+    """Keys and values of one token, from the model's config (float32)."""
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return (2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads)
+            * head_dim * dtype_bytes)
+
+
+@pytest.fixture(scope="module")
+def pressed_samples(plain_samples, llama_path):
+    """Samples with the defaults and filled drafts under memory pressure: chunked prefill
+    on a 32-token budget and a KV pool of a few requests, prefix caching off (the samples
+    share their prompt)."""
+    prompt, reference = plain_samples
+    max_model_len = len(prompt) + 4 + 24 + 16  # the samples, K slots and a bonus token
+    kv_bytes = PRESSED_REQUESTS * max_model_len * kv_bytes_per_token(llama_path)
+    llm = LLM(llama_path, speculative_config=FILLED_DEFAULTS, disable_log_stats=False,
+              **{**ENGINE_KWARGS, "max_model_len": max_model_len, "kv_cache_memory_bytes":
+                 kv_bytes, "enable_chunked_prefill": True, "max_num_batched_tokens": 32,
+                 "enable_prefix_caching": False})
+    try:
+        speculated, mal = acceptance(llm, lambda: sample_tokens(llm, prompt))
+        pressure = metrics(llm)["vllm:num_preemptions"]
+    finally:
+        shutdown(llm)
+    return reference, speculated, mal, pressure
+
+
+def test_sampling_under_preemption_was_speculated_and_preempted(pressed_samples):
+    """The tests below are not vacuous: drafts were accepted (1.48 in one run: the
+    samples are 4 tokens, at T = 0.7) and vLLM preempted requests."""
+    _, _, mal, preemptions = pressed_samples
+    assert mal > 1.2
+    assert preemptions > 0
+
+
+@pytest.mark.parametrize("position", [1, 2, 3])
+def test_sampled_tokens_under_preemption_follow_the_target_distribution(pressed_samples,
+                                                                        position):
+    reference, speculated, _, _ = pressed_samples
+    assert same_distribution_pvalue(reference[:, position], speculated[:, position]) > SIGNIFICANCE
+
+
+def test_the_distribution_test_under_preemption_detects_a_biased_sampler(pressed_samples):
+    """Control: the same samples from a biased sampler (``biased``) fail the test."""
+    reference, speculated, _, _ = pressed_samples
+    assert same_distribution_pvalue(reference[:, 1], biased(reference, speculated, 1)) \
+        < SIGNIFICANCE
