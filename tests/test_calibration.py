@@ -59,7 +59,7 @@ def context_draft(tokens: list[int]) -> Draft:
 def cut_for(estimates: WorkerEstimates, drafts: list[list[int]]) -> list[int]:
     """The cut's kept lengths for context ``drafts``, on a step whose tokens each cost
     a tenth of its fixed part."""
-    cut = CostAwareCut(K, estimates, StepCostModel(), ProposerStats())
+    cut = CostAwareCut(estimates, StepCostModel(), ProposerStats())
     states = [RequestState(NgramPool(3, 8, 100), prompt_len=0, next_ngram_start=0,
                            max_draft=K, draft_limit=K) for _ in drafts]
     main = [context_draft(tokens) for tokens in drafts]

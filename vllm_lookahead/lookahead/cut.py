@@ -35,9 +35,8 @@ class CostAwareCut:
     acceptance by depth (of the request's sampling class), the request's own first-token
     record and the step's cost curve."""
 
-    def __init__(self, num_speculative_tokens: int, estimates: WorkerEstimates,
-                 cost_model: StepCostModel, stats: ProposerStats):
-        self.num_speculative_tokens = num_speculative_tokens
+    def __init__(self, estimates: WorkerEstimates, cost_model: StepCostModel,
+                 stats: ProposerStats):
         self._depth_acceptance = estimates.depth_acceptance
         self._calibrations = estimates.calibrations
         self._cost_model = cost_model

@@ -38,7 +38,7 @@ class DraftPlanner:
         self._cost_model = cost_model
         self._tree_yields = estimates.tree_yields
         self._stats = stats
-        self._cut = CostAwareCut(num_speculative_tokens, estimates, cost_model, stats)
+        self._cut = CostAwareCut(estimates, cost_model, stats)
         #: the last step's drafts were filled to K: it grew no trees
         self.filled = False
 
