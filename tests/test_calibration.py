@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
-from vllm_lookahead.lookahead.calibration import AcceptanceCalibration, CutCalibration
+from vllm_lookahead.lookahead.calibration import AcceptanceCalibration
 from vllm_lookahead.lookahead.cut import CostAwareCut
 from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.sources.draft import NUM_TOKEN_CLASSES, SUPPORT_BINS, Draft
@@ -83,7 +83,7 @@ def test_the_cut_drops_tokens_whose_estimates_did_not_hold():
 
 
 def test_the_report_compares_kept_estimates_with_the_text():
-    report = CutCalibration()
+    report = AcceptanceCalibration()
     report.add(np.array([0.95, 0.85, 0.15]), np.array([True, False, False]))
     rows = {row["estimate_from"]: row for row in report.table()}
     assert rows[0.9]["tokens"] == 1 and rows[0.9]["matched_rate"] == 1.0

@@ -22,6 +22,7 @@ from conftest import (
 )
 from vllm import LLM, SamplingParams
 
+from vllm_lookahead.lookahead.options import DEFAULT_SPEC_TOKENS
 from vllm_lookahead.worker.sampler import expand_batch_to_tokens
 
 
@@ -110,8 +111,9 @@ def test_distribution_test_detects_a_biased_sampler(samples):
         < SIGNIFICANCE
 
 
-#: Lookahead's defaults with drafts filled to K (K = 24: every slot verified under
-#: sampling, which the cost cut would otherwise mostly drop with 1500 requests in flight).
+#: Lookahead's defaults with drafts filled to K (``DEFAULT_SPEC_TOKENS``: every slot
+#: verified under sampling, which the cost cut would otherwise mostly drop with 1500
+#: requests in flight).
 FILLED_DEFAULTS = {"method": "lookahead", "uniform_drafts": "on"}
 #: KV pool, in requests of the sampled prompt (its tokens, 4 samples and K slots):
 #: vLLM admits more and preempts the running ones when their drafts need blocks.
@@ -136,7 +138,8 @@ def pressed_samples(plain_samples, llama_path):
     on a 32-token budget and a KV pool of a few requests, prefix caching off (the samples
     share their prompt)."""
     prompt, reference = plain_samples
-    max_model_len = len(prompt) + 4 + 24 + 16  # the samples, K slots and a bonus token
+    # the samples, K slots and a bonus token
+    max_model_len = len(prompt) + 4 + DEFAULT_SPEC_TOKENS + 16
     kv_bytes = PRESSED_REQUESTS * max_model_len * kv_bytes_per_token(llama_path)
     llm = LLM(llama_path, speculative_config=FILLED_DEFAULTS, disable_log_stats=False,
               **{**ENGINE_KWARGS, "max_model_len": max_model_len, "kv_cache_memory_bytes":

@@ -233,6 +233,12 @@ class WorkerEstimates:
                              for _ in range(NUM_SAMPLING_CLASSES)]
         self.tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
 
+    def decay(self) -> None:
+        """Once per step: older evidence of acceptance counts less."""
+        for depth_acceptance, calibration in zip(self.depth_acceptance, self.calibrations):
+            depth_acceptance.decay()
+            calibration.decay()
+
 
 def affordable_draft_lengths(
     lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, step_cost: CostCurve

@@ -34,23 +34,29 @@ def _bins(estimates: np.ndarray) -> np.ndarray:
 
 
 class AcceptanceCalibration:
-    """Observed match rate by bin of the estimate, for one sampling class (decayed
-    counts, like the estimates it corrects)."""
+    """Tokens by bin of their estimated acceptance: how many, their estimates summed and
+    how many the text matched, decayed by ``decay`` a step (1: kept whole). Per sampling
+    class, the cut's correction (``apply``, by the uncalibrated estimates, decayed like
+    the estimates it corrects); once per worker, the report of the calibrated estimates
+    of what the cut kept (``table``)."""
 
-    def __init__(self, decay: float):
+    def __init__(self, decay: float = 1.0):
         self._decay = decay
-        self._expected = np.zeros(NUM_BINS)
-        self._matched = np.zeros(NUM_BINS)
+        self.tokens = np.zeros(NUM_BINS)
+        self.expected = np.zeros(NUM_BINS)
+        self.matched = np.zeros(NUM_BINS)
 
     def decay(self) -> None:
-        self._expected *= self._decay
-        self._matched *= self._decay
+        self.tokens *= self._decay
+        self.expected *= self._decay
+        self.matched *= self._decay
 
     def add(self, estimates: np.ndarray, matched: np.ndarray) -> None:
-        """A settled draft's tokens: their (uncalibrated) estimates, which matched."""
+        """A settled draft's kept tokens: their estimates, and which the text matched."""
         bins = _bins(estimates)
-        np.add.at(self._expected, bins, estimates)
-        np.add.at(self._matched, bins, matched)
+        np.add.at(self.tokens, bins, 1)
+        np.add.at(self.expected, bins, estimates)
+        np.add.at(self.matched, bins, matched)
 
     def apply(self, estimates: np.ndarray) -> np.ndarray:
         """Each estimate scaled down by its bin's matched over expected tokens where that
@@ -65,30 +71,13 @@ class AcceptanceCalibration:
             return estimates
         bins = _bins(estimates)
         centre = (np.arange(NUM_BINS) + 0.5) / NUM_BINS
-        ratio = ((self._matched + PRIOR_TOKENS * centre)
-                 / (self._expected + PRIOR_TOKENS * centre))
+        ratio = ((self.matched + PRIOR_TOKENS * centre)
+                 / (self.expected + PRIOR_TOKENS * centre))
         return np.minimum.accumulate(estimates * np.minimum(ratio[bins], 1.0))
-
-
-class CutCalibration:
-    """For reports: the tokens the cut kept, by bin of their (calibrated) estimate: how
-    many, the sum of their estimates and how many the text matched."""
-
-    def __init__(self) -> None:
-        self.tokens = np.zeros(NUM_BINS, dtype=np.int64)
-        self.expected = np.zeros(NUM_BINS)
-        self.matched = np.zeros(NUM_BINS, dtype=np.int64)
-
-    def add(self, estimates: np.ndarray, matched: np.ndarray) -> None:
-        """A draft's kept tokens: their estimates, and which the text matched."""
-        bins = _bins(estimates)
-        np.add.at(self.tokens, bins, 1)
-        np.add.at(self.expected, bins, estimates)
-        np.add.at(self.matched, bins, matched.astype(np.int64))
 
     def table(self) -> list[dict]:
         """One row per bin with tokens: its range, tokens, mean estimate, matched rate."""
-        return [{"estimate_from": b / NUM_BINS, "tokens": int(self.tokens[b]),
+        return [{"estimate_from": b / NUM_BINS, "tokens": int(round(self.tokens[b])),
                  "mean_estimate": float(self.expected[b] / self.tokens[b]),
                  "matched_rate": float(self.matched[b] / self.tokens[b])}
                 for b in np.flatnonzero(self.tokens)]

@@ -45,8 +45,9 @@ class CostAwareCut:
 
     def apply(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
               plan: StepPlan) -> None:
-        """Estimate each draft token's acceptance, cut the drafts to the step's budget
-        (not in a filled step) and keep them, as proposed, to check in hindsight."""
+        """In a step that is cut (not filled, with a cost curve), estimate each draft
+        token's acceptance and cut the drafts to the step's budget; keep every draft, as
+        proposed, to check in hindsight."""
         classes = [draft.token_classes() for draft in main]
         proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
         first_rates = {c: self._depth_acceptance[c].first_token_rates()
@@ -55,19 +56,19 @@ class CostAwareCut:
             float(first_rates[state.sampling_class][token_classes[0]])
             if len(token_classes) else 0.0
             for state, token_classes in zip(states, classes)]
-        estimates = self._estimates(classes, first_estimates, states)
-        calibrated = [self._calibrations[state.sampling_class].apply(estimate)
-                      for state, estimate in zip(states, estimates)]
-        cutting = not plan.fill and plan.step_cost is not None
-        if cutting:
+        kept_estimates: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(main)
+        if not plan.fill and plan.step_cost is not None:
+            estimates = self._estimates(classes, first_estimates, states)
+            calibrated = [self._calibrations[state.sampling_class].apply(estimate)
+                          for state, estimate in zip(states, estimates)]
             self._stats.cut_tokens += cut_to_budget([draft.tokens for draft in main],
                                                     calibrated, plan.step_cost)
+            kept_estimates = [(raw[: len(draft.tokens)], fitted[: len(draft.tokens)])
+                              for raw, fitted, draft in zip(estimates, calibrated, main)]
         for b, state in enumerate(states):
-            kept = len(main[b].tokens)
-            state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b], kept,
-                                    state.max_draft, first_estimates[b],
-                                    (estimates[b][:kept], calibrated[b][:kept])
-                                    if cutting else None)
+            state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
+                                    len(main[b].tokens), state.max_draft, first_estimates[b],
+                                    kept_estimates[b])
         self._stats.free_tokens = math.inf if plan.free_tokens is None else plan.free_tokens
         self._log.maybe_log(self._stats, self._cost_model)
 

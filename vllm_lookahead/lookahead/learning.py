@@ -13,7 +13,7 @@ import torch
 
 from vllm_lookahead.lookahead import feedback, trees
 from vllm_lookahead.lookahead.budget import WorkerEstimates
-from vllm_lookahead.lookahead.calibration import CutCalibration
+from vllm_lookahead.lookahead.calibration import AcceptanceCalibration
 from vllm_lookahead.lookahead.hindsight import ProposedDraft
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.drafts import DraftSources
@@ -30,7 +30,7 @@ class PassLearner:
 
     def __init__(self, options: LookaheadOptions, states: RequestStates,
                  sources: DraftSources, estimates: WorkerEstimates, stats: ProposerStats,
-                 calibration: CutCalibration):
+                 calibration: AcceptanceCalibration):
         #: what the worker's hooks handed over during the pass, read at the next step
         self._capture: VerificationCapture | None = None
         self._last_top_k: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -58,10 +58,7 @@ class PassLearner:
         self._sources.live.keep_only(live)
         verified = self._verified_rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         if self.options.cost_aware_drafts:
-            for depth_acceptance in self._estimates.depth_acceptance:
-                depth_acceptance.decay()
-            for calibration in self._estimates.calibrations:
-                calibration.decay()
+            self._estimates.decay()
         decoding = DecodingRows()
         for row, emitted in enumerate(sampled_token_ids):
             if not emitted:  # partial prefill chunk: nothing to draft yet

@@ -26,7 +26,7 @@ import torch
 
 from vllm_lookahead.lookahead import trees
 from vllm_lookahead.lookahead.budget import WorkerEstimates
-from vllm_lookahead.lookahead.calibration import CutCalibration
+from vllm_lookahead.lookahead.calibration import AcceptanceCalibration
 from vllm_lookahead.lookahead.learning import PassLearner
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.planning import DraftPlanner
@@ -67,7 +67,7 @@ class LookaheadProposer:
         self._estimates = WorkerEstimates(self.num_speculative_tokens, NUM_TOKEN_CLASSES,
                                           SUPPORT_BINS)
         #: the cut's estimates against the text that followed (for reports)
-        self.calibration = CutCalibration()
+        self.calibration = AcceptanceCalibration()
         self._learner = PassLearner(self.options, self._states, self._sources,
                                     self._estimates, self._stats, self.calibration)
         self._planner = DraftPlanner(self.options, self.num_speculative_tokens,

@@ -123,17 +123,22 @@ class StepCostModel:
     def by_token_count(self) -> list[dict]:
         """For reports: each token count among the recent passes, how many were timed,
         their mean and quiet times, and what the curve prices it at (seconds)."""
-        n = self._tokens[: min(self._count, len(self._tokens))]
-        t = self._seconds[: len(n)]
+        values, passes, quiet, mean = self._times_by_count()
         curve = self.curve()
-        rows = []
-        for count in np.unique(n):
-            times = np.sort(t[n == count])
-            rows.append({"tokens": int(count), "passes": len(times),
-                         "mean": float(times.mean()),
-                         "quiet": float(times[int((len(times) - 1) * QUIET_QUANTILE)]),
-                         "curve": None if curve is None else float(curve(count))})
-        return rows
+        priced = [None] * len(values) if curve is None else curve(values).tolist()
+        return [{"tokens": int(n), "passes": int(k), "mean": float(m), "quiet": float(q),
+                 "curve": c} for n, k, q, m, c in zip(values, passes, quiet, mean, priced)]
+
+    def _times_by_count(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The recent passes by token count: the counts, passes per count, and each
+        count's quiet (``QUIET_QUANTILE``) and mean time."""
+        n = self._tokens[: self._count]
+        t = self._seconds[: self._count]
+        order = np.lexsort((t, n))
+        values, first, passes = np.unique(n[order], return_index=True, return_counts=True)
+        quiet = t[order][first + ((passes - 1) * QUIET_QUANTILE).astype(np.int64)]
+        mean = np.add.reduceat(t[order], first) / passes
+        return values, passes, quiet, mean
 
     def _refit_if_due(self) -> None:
         crossed_minimum = self._fitted_at < MIN_SAMPLES <= self._count
@@ -152,13 +157,7 @@ class StepCostModel:
         rarely yields to its neighbours), as more tokens never take less compute.
         """
         self.fixed_seconds, self.token_seconds = self._prior
-        n = self._tokens[: self._count]
-        t = self._seconds[: self._count]
-        order = np.lexsort((t, n))
-        counts_sorted = n[order]
-        values, first, weights = np.unique(counts_sorted, return_index=True,
-                                           return_counts=True)
-        quantile = t[order][first + ((weights - 1) * QUIET_QUANTILE).astype(np.int64)]
+        values, weights, quantile, _ = self._times_by_count()
         mean_n = np.average(values, weights=weights)
         variance = np.average((values - mean_n) ** 2, weights=weights)
         if variance >= 1e-9:
