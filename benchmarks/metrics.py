@@ -163,14 +163,20 @@ def latency_stats(requests: list[dict]) -> dict:
 
 
 def _proposer(m: dict | None) -> dict:
-    """The drafter's time per engine step, and its share of the mean engine step."""
-    stats = m and m.get("proposer")
-    if not stats or not stats.get("steps") or not m.get("engine_steps"):
-        return {"proposer_ms_per_step": None, "mean_step_ms": None, "proposer_share": None}
+    """The drafter's time per engine step and its share of the mean engine step (in
+    server mode, where the harness counts no engine steps, of the steps the drafter ran
+    in); the draft tokens the cut kept: their acceptance estimated, summed, and matched."""
+    stats = (m and m.get("proposer")) or {}
+    kept = {"kept_tokens_expected": stats.get("kept_tokens_expected"),
+            "kept_tokens_matched": stats.get("kept_tokens_matched")}
+    steps = m and (m.get("engine_steps") or stats.get("steps"))
+    if not stats.get("steps") or not steps:
+        return {"proposer_ms_per_step": None, "mean_step_ms": None, "proposer_share": None,
+                **kept}
     per_step = stats["seconds"] / stats["steps"] * 1e3
-    mean_step = m["wall_seconds"] / m["engine_steps"] * 1e3
+    mean_step = m["wall_seconds"] / steps * 1e3
     return {"proposer_ms_per_step": per_step, "mean_step_ms": mean_step,
-            "proposer_share": per_step / mean_step}
+            "proposer_share": per_step / mean_step, **kept}
 
 
 def _accepted_shares(m: dict | None, accepted: int) -> dict[str, float] | None:

@@ -21,8 +21,12 @@ from collections.abc import Callable
 from benchmarks import graph_modes
 from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
 from benchmarks.engine_loop import drive
-from benchmarks.records import RequestRecord, SpecDecodeCounters, measurement_json
-from vllm_lookahead.metrics import ACCEPTED_SOURCES
+from benchmarks.records import (
+    RequestRecord,
+    SpecDecodeCounters,
+    measurement_json,
+    proposer_delta,
+)
 
 MODES = ("latency", "throughput")
 
@@ -137,17 +141,3 @@ def start_state(llm, proposer: dict | None) -> dict:
         state.update(start_free_tokens=proposer["start_free_tokens"],
                      tree_check=proposer["tree_check"], start_passes=passes)
     return state
-
-
-def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
-    """The measurement's share of the drafter's counters: steps, seconds and (lookahead)
-    accepted tokens by draft source."""
-    if before is None or after is None:
-        return None
-    delta = {field: after[field] - before[field]
-             for field in ("steps", "seconds", "kept_tokens_expected", "kept_tokens_matched")
-             if field in after}
-    if all(field in after for field in ACCEPTED_SOURCES.values()):
-        delta["accepted_by_source"] = {source: after[field] - before[field]
-                                       for source, field in ACCEPTED_SOURCES.items()}
-    return delta

@@ -9,12 +9,24 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from vllm_lookahead.metrics import (
+    ACCEPTED_SOURCES,
+    ACCEPTED_TOKENS,
+    COUNTERS,
+    LOOKAHEAD_COUNTERS,
+    LOOKAHEAD_GAUGES,
+)
+
 SPEC_DECODE_PREFIX = "vllm:spec_decode_"
 DRAFTS = SPEC_DECODE_PREFIX + "num_drafts"
 DRAFT_TOKENS = SPEC_DECODE_PREFIX + "num_draft_tokens"
 ACCEPTED = SPEC_DECODE_PREFIX + "num_accepted_tokens"
 ACCEPTED_PER_POS = SPEC_DECODE_PREFIX + "num_accepted_tokens_per_pos"
-LOOKAHEAD_ACCEPTED = "vllm:lookahead_accepted_draft_tokens_total"
+#: The proposer's counters a measurement reports (``proposer_delta``).
+PROPOSER_FIELDS = ("steps", "seconds", "kept_tokens_expected", "kept_tokens_matched",
+                   "cut_tokens")
+#: The cut's fitted step cost at the end of a measurement (gauges).
+STEP_COST_FIELDS = ("step_fixed_seconds", "step_token_seconds")
 
 
 @dataclass
@@ -129,17 +141,46 @@ PROMETHEUS_SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 
 
-def accepted_by_source(text: str) -> dict[str, int]:
-    """Lookahead's accepted draft tokens by source from the server's /metrics text
-    (empty for other methods). The workers' counters reach /metrics at most once a
-    second while drafting (vllm_lookahead.metrics), so the last second may be missing."""
-    counts: dict[str, int] = {}
+def proposer_counters(text: str) -> dict[str, float]:
+    """The proposer's counters from the server's /metrics text, by ``ProposerStats``
+    field (summed over label sets; empty for methods that export none), with the cut's
+    fitted step cost. The workers' counters reach /metrics at most once a second while
+    drafting (vllm_lookahead.metrics), so the last second may be missing."""
+    fields = {f"{name}_total": field for name, field, _ in (*COUNTERS, *LOOKAHEAD_COUNTERS)}
+    fields.update((name, field) for name, field, _ in LOOKAHEAD_GAUGES
+                  if field in STEP_COST_FIELDS)
+    counts: dict[str, float] = {}
     for line in text.splitlines():
         match = PROMETHEUS_SAMPLE.match(line)
-        if match and match["name"] == LOOKAHEAD_ACCEPTED:
+        if not match:
+            continue
+        name = match["name"]
+        if name == f"{ACCEPTED_TOKENS[0]}_total":
             source = re.search(r'source="([^"]*)"', match["labels"] or "")[1]
-            counts[source] = counts.get(source, 0) + int(float(match["value"]))
+            field = ACCEPTED_SOURCES[source]
+        elif name in fields:
+            field = fields[name]
+        else:
+            continue
+        counts[field] = counts.get(field, 0) + float(match["value"])
     return counts
+
+
+def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
+    """A measurement's share of the proposer's counters (``ProposerStats`` fields, or
+    ``proposer_counters``): steps, seconds, the cut's kept tokens (estimated, matched)
+    and cut tokens, lookahead's accepted tokens by draft source; and the step cost the
+    cut fitted by the end."""
+    if not before or not after:
+        return None
+    delta = {field: after[field] - before.get(field, 0) for field in PROPOSER_FIELDS
+             if field in after}
+    delta.update((field, after[field]) for field in STEP_COST_FIELDS if field in after)
+    if any(field in after for field in ACCEPTED_SOURCES.values()):
+        delta["accepted_by_source"] = {
+            source: after.get(field, 0) - before.get(field, 0)
+            for source, field in ACCEPTED_SOURCES.items()}
+    return delta
 
 
 def _padded(values: list[int], width: int) -> list[int]:

@@ -101,8 +101,9 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
                     ("TPOT ms", lambda r: _num(r["tpot_ms"], 1))]
     else:
         columns += [("step ms", lambda r: _num(r["step_ms"], 2)),
-                    ("steps FULL / PIECEWISE / eager", _graph_steps),
-                    ("proposer ms/step (% of step)", _proposer)]
+                    ("steps FULL / PIECEWISE / eager", _graph_steps)]
+    columns += [("proposer ms/step (% of step)", _proposer),
+                ("kept draft tokens: estimated / matched", _kept)]
     columns.append(("accepted by source", _accepted_by_source))
     lines = ["| " + " | ".join(name for name, _ in columns) + " |",
              "|" + "---|" * len(columns)]
@@ -221,6 +222,13 @@ def _proposer(row: dict) -> str:
     if row["proposer_ms_per_step"] is None:
         return "n/a"
     return f"{row['proposer_ms_per_step']:.2f} ({100 * row['proposer_share']:.1f}%)"
+
+
+def _kept(row: dict) -> str:
+    """The cut's kept draft tokens: their estimated acceptance summed, and matched."""
+    if row.get("kept_tokens_expected") is None:
+        return "n/a"
+    return f"{row['kept_tokens_expected']:.0f} / {row['kept_tokens_matched']:.0f}"
 
 
 # -- Plots ----------------------------------------------------------------------------

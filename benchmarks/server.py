@@ -29,8 +29,9 @@ from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
 from benchmarks.records import (
     RequestRecord,
     SpecDecodeCounters,
-    accepted_by_source,
     measurement_json,
+    proposer_counters,
+    proposer_delta,
 )
 
 HOST = "127.0.0.1"
@@ -118,14 +119,14 @@ class ApiServer:
             text = f.read()
         return f"; server log ({self._log.name}) ends with:\n{text[-LOG_TAIL_CHARS:]}"
 
-    def counters(self) -> tuple[SpecDecodeCounters, dict[str, int]]:
-        """vLLM's spec-decode counters and lookahead's accepted tokens by source."""
+    def counters(self) -> tuple[SpecDecodeCounters, dict[str, float]]:
+        """vLLM's spec-decode counters and the proposer's (``proposer_counters``)."""
         import httpx
 
         response = httpx.get(f"{self.base_url}/metrics", timeout=30, trust_env=False)
         response.raise_for_status()
         return (SpecDecodeCounters.from_prometheus(response.text),
-                accepted_by_source(response.text))
+                proposer_counters(response.text))
 
 
 def measure_server(model_path: str, speculative_config: dict | None, engine_args: dict,
@@ -141,13 +142,11 @@ def measure_server(model_path: str, speculative_config: dict | None, engine_args
     """
     with ApiServer(model_path, speculative_config, engine_args, startup_timeout) as server:
         asyncio.run(_warm_up(server, conversations.prompter.prompt(WARMUP, []), sampling))
-        spec_before, sources_before = server.counters()
+        spec_before, proposer_before = server.counters()
         records, wall_seconds = asyncio.run(_run_conversations(
             server, conversations, sampling, concurrency, request_timeout, on_request))
-        spec_after, sources_after = server.counters()
-    proposer = ({"accepted_by_source": {source: count - sources_before.get(source, 0)
-                                        for source, count in sources_after.items()}}
-                if sources_after else None)
+        spec_after, proposer_after = server.counters()
+    proposer = proposer_delta(proposer_before, proposer_after)
     return measurement_json("server", dataset, concurrency, wall_seconds, None,
                             spec_after - spec_before, proposer, records, conversations.samples,
                             server.startup_seconds)

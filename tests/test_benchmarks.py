@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import sys
 import types
 from dataclasses import dataclass
@@ -12,7 +13,12 @@ import numpy as np
 import pytest
 
 from benchmarks import datasets, methods, metrics, report
-from benchmarks.records import RequestRecord, SpecDecodeCounters, accepted_by_source
+from benchmarks.records import (
+    RequestRecord,
+    SpecDecodeCounters,
+    proposer_counters,
+    proposer_delta,
+)
 from benchmarks.server import cli_flags
 
 # -- datasets -------------------------------------------------------------------------
@@ -183,6 +189,11 @@ vllm:lookahead_step_fixed_seconds{engine="0",model_name="m"} NaN
 vllm:lookahead_free_tokens{engine="0",model_name="m"} +Inf
 vllm:lookahead_accepted_draft_tokens_total{engine="0",model_name="m",source="context"} 20.0
 vllm:lookahead_accepted_draft_tokens_total{engine="0",model_name="m",source="pool"} 5.0
+vllm:speculative_proposer_steps_total{engine="0",method="lookahead",model_name="m"} 40.0
+vllm:speculative_proposer_seconds_total{engine="0",method="lookahead",model_name="m"} 0.5
+vllm:lookahead_kept_draft_tokens_expected_total{engine="0",model_name="m"} 30.5
+vllm:lookahead_kept_draft_tokens_matched_total{engine="0",model_name="m"} 25.0
+vllm:lookahead_step_token_seconds{engine="0",model_name="m"} 0.002
 """
 
 
@@ -190,8 +201,17 @@ def test_prometheus_counters_are_parsed():
     counters = SpecDecodeCounters.from_prometheus(PROMETHEUS)
     assert counters == SpecDecodeCounters(10, 60, 25, [9, 7])
     assert SpecDecodeCounters.from_prometheus("") == SpecDecodeCounters()
-    assert accepted_by_source(PROMETHEUS) == {"context": 20, "pool": 5}
-    assert accepted_by_source("") == {}
+    assert proposer_counters("") == {}
+    before = proposer_counters(PROMETHEUS)
+    assert before["steps"] == 40 and before["kept_tokens_expected"] == 30.5
+    assert math.isnan(before["step_fixed_seconds"])
+    after = proposer_counters(PROMETHEUS.replace(" 40.0", " 50.0").replace(" 20.0", " 26.0"))
+    delta = proposer_delta(before, after)
+    assert delta["steps"] == 10 and delta["kept_tokens_matched"] == 0
+    assert delta["step_token_seconds"] == 0.002  # a gauge: its value at the end
+    assert delta["accepted_by_source"]["context"] == 6
+    assert delta["accepted_by_source"]["corpus"] == 0  # not exported yet: none
+    assert proposer_delta({}, {}) is None  # methods that export none
 
 
 def test_vllm_metric_objects_are_summed_and_subtracted():
