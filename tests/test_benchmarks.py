@@ -193,6 +193,7 @@ vllm:speculative_proposer_steps_total{engine="0",method="lookahead",model_name="
 vllm:speculative_proposer_seconds_total{engine="0",method="lookahead",model_name="m"} 0.5
 vllm:lookahead_kept_draft_tokens_expected_total{engine="0",model_name="m"} 30.5
 vllm:lookahead_kept_draft_tokens_matched_total{engine="0",model_name="m"} 25.0
+vllm:lookahead_cut_draft_tokens_matched_total{engine="0",model_name="m"} 7.0
 vllm:lookahead_step_token_seconds{engine="0",model_name="m"} 0.002
 """
 
@@ -204,6 +205,7 @@ def test_prometheus_counters_are_parsed():
     assert proposer_counters("") == {}
     before = proposer_counters(PROMETHEUS)
     assert before["steps"] == 40 and before["kept_tokens_expected"] == 30.5
+    assert before["cut_tokens_confirmed"] == 7
     assert math.isnan(before["step_fixed_seconds"])
     after = proposer_counters(PROMETHEUS.replace(" 40.0", " 50.0").replace(" 20.0", " 26.0"))
     delta = proposer_delta(before, after)
