@@ -177,8 +177,11 @@ def _spread(row: dict, metric: str, digits: int, suffix: str = "") -> str:
 
 
 def _sampling(settings: dict) -> str:
+    seeds = settings.get("seeds") or [0]
     if not settings.get("temperature"):
-        return "Greedy"
+        return "Greedy" if len(seeds) < 2 else (
+            f"Greedy, measured once per engine seed {', '.join(map(str, seeds))} (the same "
+            "outputs, repeated for the timings' spread: mean ± standard deviation)")
     return (f"Sampled at temperature {settings['temperature']}, top-p {settings['top_p']}, "
             f"engine seeds {', '.join(map(str, settings['seeds']))} (mean ± standard deviation)")
 
@@ -191,7 +194,7 @@ def _per_position(row: dict) -> str:
 def _identical(row: dict) -> str:
     if row["equality"] is None:
         return "n/a"
-    return ", ".join(f"t{turn} {e['identical']}/{e['compared']}"
+    return ", ".join(f"t{turn} {e['identical']:g}/{e['compared']:g}"  # means over seeds
                      for turn, e in row["equality"].items())
 
 

@@ -395,6 +395,15 @@ def test_sampled_runs_average_over_seeds_against_the_same_seeds_baseline():
     text = report.render_markdown(results, list(rows.values()))
     assert "Sampled at temperature 0.7, top-p 0.95, engine seeds 0, 1" in text
     assert "| humaneval | x | 8.0 ± 0.0 | 3.00x ± 1.41 | 2.00 ± 0.00 |" in text
+    # greedy: the seeds repeat the same outputs, which are compared per seed
+    for m in measurements:
+        m["temperature"] = 0.0
+    rows = {r["method"]: r for r in metrics.summarize(measurements)}
+    assert rows["x"]["equality"]["1"]["identical"] == 1
+    assert rows["x"]["spread"]["speedup"] == pytest.approx(2 ** 0.5)
+    results["settings"].update(temperature=0.0)
+    text = report.render_markdown(results, list(rows.values()))
+    assert "Greedy, measured once per engine seed 0, 1 (the same outputs, repeated" in text
 
 
 def test_missing_baseline_gives_na():
@@ -518,7 +527,6 @@ def test_run_folder_name_must_not_be_a_path(name, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--seeds", "0,1"], "--seeds: greedy runs repeat the same outputs"),
     (["--temperature", "0.7", "--top-p", "0"], "--top-p in (0, 1]"),
     (["--seeds", "1,1", "--temperature", "0.7"], "distinct non-negative integers"),
 ])
