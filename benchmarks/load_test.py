@@ -36,7 +36,7 @@ from benchmarks import machine
 from benchmarks.cpu_env import configure_cpu_env
 from benchmarks.load_workload import Outcome, RequestSpec, build_workload, run_workload
 from benchmarks.metrics import first_divergence
-from benchmarks.records import PROMETHEUS_SAMPLE
+from benchmarks.records import prometheus_samples
 from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 from benchmarks.server import ApiServer
 
@@ -47,8 +47,8 @@ TINY_MODEL = "tiny-llama"
 
 def prometheus_value(text: str, name: str) -> float | None:
     """Sum of a metric's samples over label sets (None when absent)."""
-    values = [float(m["value"]) for m in map(PROMETHEUS_SAMPLE.match, text.splitlines())
-              if m and m["name"] == name]
+    values = [float(value) for sample, _, value in prometheus_samples(text)
+              if sample == name]
     return sum(values) if values else None
 
 

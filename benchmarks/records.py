@@ -7,6 +7,7 @@ every mode counts tokens, forward passes and times the same way.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from vllm_lookahead.metrics import (
@@ -116,14 +117,10 @@ class SpecDecodeCounters:
         """From the server's /metrics text (names with `_total`; summed over label sets)."""
         counters = cls()
         per_pos: dict[int, int] = {}
-        for line in text.splitlines():
-            match = PROMETHEUS_SAMPLE.match(line)
-            if not match:
-                continue
-            name, labels = match["name"], match["labels"] or ""
+        for name, labels, text_value in prometheus_samples(text):
             if not name.startswith(SPEC_DECODE_PREFIX):  # other gauges may be NaN or +Inf
                 continue
-            value = int(float(match["value"]))
+            value = int(float(text_value))
             if name == DRAFTS + "_total":
                 counters.drafts += value
             elif name == DRAFT_TOKENS + "_total":
@@ -141,6 +138,14 @@ PROMETHEUS_SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 
 
+def prometheus_samples(text: str) -> Iterator[tuple[str, str, str]]:
+    """(name, labels, value) of each sample line of a /metrics text, as written."""
+    for line in text.splitlines():
+        match = PROMETHEUS_SAMPLE.match(line)
+        if match:
+            yield match["name"], match["labels"] or "", match["value"]
+
+
 def proposer_counters(text: str) -> dict[str, float]:
     """The proposer's counters from the server's /metrics text, by ``ProposerStats``
     field (summed over label sets; empty for methods that export none), with the cut's
@@ -150,19 +155,14 @@ def proposer_counters(text: str) -> dict[str, float]:
     fields.update((name, field) for name, field, _ in LOOKAHEAD_GAUGES
                   if field in STEP_COST_FIELDS)
     counts: dict[str, float] = {}
-    for line in text.splitlines():
-        match = PROMETHEUS_SAMPLE.match(line)
-        if not match:
-            continue
-        name = match["name"]
+    for name, labels, value in prometheus_samples(text):
         if name == f"{ACCEPTED_TOKENS[0]}_total":
-            source = re.search(r'source="([^"]*)"', match["labels"] or "")[1]
-            field = ACCEPTED_SOURCES[source]
+            field = ACCEPTED_SOURCES[re.search(r'source="([^"]*)"', labels)[1]]
         elif name in fields:
             field = fields[name]
         else:
             continue
-        counts[field] = counts.get(field, 0) + float(match["value"])
+        counts[field] = counts.get(field, 0) + float(value)
     return counts
 
 
