@@ -542,7 +542,8 @@ def test_sampling_arguments_are_checked_before_anything_runs(argv, message, caps
 
 @pytest.mark.parametrize("second_dataset, second_helped", [("b", False), ("a", True)])
 def test_replay_gives_each_dataset_a_fresh_proposer(second_dataset, second_helped):
-    from benchmarks.replay import LookaheadReplayer, Request, replay
+    from benchmarks.replay.loop import Request, replay
+    from benchmarks.replay.replayers import LookaheadReplayer
 
     answer = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]
     trace = [Request("a", "c", [1, 2, 3], answer), Request(second_dataset, "c", [1, 2, 3], answer)]
@@ -554,7 +555,8 @@ def test_replay_gives_each_dataset_a_fresh_proposer(second_dataset, second_helpe
 
 
 def test_replay_oracle_cut_keeps_s_and_verifies_only_accepted_tokens():
-    from benchmarks.replay import Replayer, Request, StepCost, replay
+    from benchmarks.replay.loop import Request, StepCost, replay
+    from benchmarks.replay.replayers import Replayer
 
     class HalfRight(Replayer):
         """Drafts the next two answer tokens, then two wrong ones."""
@@ -563,8 +565,8 @@ def test_replay_oracle_cut_keeps_s_and_verifies_only_accepted_tokens():
             super().__init__({"num_speculative_tokens": 4})
             self.answer = answer
 
-        def propose(self, request_id, sampled):
-            done = int(self.num_tokens[0]) - 1  # one prompt token
+        def propose_row(self, row, sampled):
+            done = int(self.num_tokens[row]) - 1  # one prompt token
             return self.answer[done : done + 2] + [0, 0]
 
     answer = list(range(10, 29))  # the prefill's token, then 6 passes of 3 tokens
@@ -580,7 +582,7 @@ def test_replay_oracle_cut_keeps_s_and_verifies_only_accepted_tokens():
 
 
 def test_copy_oracle_copies_the_best_continuation_of_the_longest_match():
-    from benchmarks.replay import best_copy
+    from benchmarks.replay.replayers import best_copy
 
     text = np.array([7, 1, 2, 3, 8, 1, 2, 4, 7, 1], dtype=np.int32)
     # "7 1" repeats once (a continuation right for one token); "1" alone also repeats
@@ -594,7 +596,8 @@ def test_copy_oracle_copies_the_best_continuation_of_the_longest_match():
 
 
 def test_replay_copy_oracle_copies_earlier_outputs_of_its_dataset():
-    from benchmarks.replay import REPLAY_ONLY_METHODS, CopyOracleReplayer, Request, replay
+    from benchmarks.replay.loop import Request, replay
+    from benchmarks.replay.replayers import REPLAY_ONLY_METHODS, CopyOracleReplayer
 
     answer = list(range(10, 40))  # no token repeats: the first answer copies nothing
     trace = [Request("a", "c", [1, 2], answer), Request("a", "c", [1, 2], answer)]
@@ -606,7 +609,8 @@ def test_replay_copy_oracle_copies_earlier_outputs_of_its_dataset():
 
 
 def test_replay_copy_oracle_copies_only_after_its_min_match():
-    from benchmarks.replay import CopyOracleReplayer, Request, replay
+    from benchmarks.replay.loop import Request, replay
+    from benchmarks.replay.replayers import CopyOracleReplayer
 
     # after "9 5" only "5" repeats (the prompt's first token): the oracle copies "6 7 8"
     # there; with min_match 2 it waits for "5 6", then copies "7 8"
@@ -620,7 +624,7 @@ def test_replay_copy_oracle_copies_only_after_its_min_match():
 def test_replay_step_cost_option_names_its_format():
     import argparse
 
-    from benchmarks.replay import StepCost
+    from benchmarks.replay.loop import StepCost
 
     assert StepCost.parse("30,1.1")(10) == pytest.approx(0.041)
     for bad in ("30", "a,b", "30,0", "-1,2"):
@@ -631,21 +635,23 @@ def test_replay_step_cost_option_names_its_format():
 def test_replay_run_writes_its_table_into_a_run_folder(tmp_path, monkeypatch, capsys):
     import datetime
 
-    from benchmarks import machine, replay
+    from benchmarks import machine
+    from benchmarks.replay import cli
+    from benchmarks.replay.replayers import Replayer
 
-    class NoDrafts(replay.Replayer):
-        def propose(self, request_id, sampled):
+    class NoDrafts(Replayer):
+        def propose_row(self, row, sampled):
             return []
 
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps([{"dataset": "a", "category": "c", "prompt": [1, 2],
                                   "output": [3, 4, 5]}]))
-    monkeypatch.setitem(replay.REPLAYERS, "ngram", NoDrafts)
+    monkeypatch.setitem(cli.REPLAYERS, "ngram", NoDrafts)
     monkeypatch.setattr(machine, "git_state", lambda: {"commit": "abc", "dirty": False})
     argv = ["run", str(trace), "--methods", "ngram", "--output-dir", str(tmp_path / "out"),
             "--name", "m-replay"]
     monkeypatch.setattr(sys, "argv", ["replay.py", *argv])
-    replay.main()
+    cli.main()
     folder = tmp_path / "out" / f"{datetime.date.today().isoformat()}-m-replay"
     assert sorted(p.name for p in folder.iterdir()) == ["command.txt", "results.md"]
     command = (folder / "command.txt").read_text()
@@ -655,6 +661,75 @@ def test_replay_run_writes_its_table_into_a_run_folder(tmp_path, monkeypatch, ca
     assert "| all | 1.000 (0.0) |" in text  # 3 tokens in 3 passes, nothing drafted
     assert f"results: {folder}/" in capsys.readouterr().out
 
+
+
+def test_replay_batches_requests_on_one_clock():
+    from benchmarks.replay.loop import Request, StepCost, replay
+    from benchmarks.replay.replayers import NoDraftReplayer
+
+    trace = [Request("a", "c", [i + 1], [7, 8, 9]) for i in range(3)]
+    cost = StepCost(0.010, 0.001)
+    results = replay(lambda: NoDraftReplayer(None, batch_size=2), trace, cost)
+    # requests 0 and 1 share two passes of 2 tokens; request 2 then has two of its own
+    assert [r[:3] for r in results] == [(3, 3, 0)] * 3
+    assert [r[3] for r in results] == pytest.approx([0.012, 0.012, 0.022])
+
+
+def test_replay_starts_a_conversations_next_turn_once_its_last_one_finished():
+    from benchmarks.replay.loop import Request, replay
+    from benchmarks.replay.replayers import NoDraftReplayer
+
+    events = []
+
+    class Recording(NoDraftReplayer):
+        def start(self, row, request_id, prompt, output):
+            events.append(("start", request_id))
+            super().start(row, request_id, prompt, output)
+
+        def finish(self, row):
+            events.append(("finish", self.req_ids[row]))
+            super().finish(row)
+
+    first_turn = Request("a", "c", [1, 2], [5, 6, 7, 8])
+    second_turn = Request("a", "c", [1, 2, 5, 6, 7, 8, 9], [3, 4])  # repeats the first
+    other = Request("a", "c", [7], [1, 2])
+    replay(lambda: Recording(None, batch_size=2), [first_turn, second_turn, other])
+    # the second turn waits for the first although a row is free before it ends
+    assert events.index(("start", "replay-2")) < events.index(("finish", "replay-0")) \
+        < events.index(("start", "replay-1"))
+
+
+@pytest.mark.parametrize("trees, measured", [("auto", True), ("off", False)])
+def test_replay_tells_lookahead_the_step_cost_where_the_engine_measures_it(trees, measured):
+    from benchmarks.replay.loop import SimulatedClock, StepCost
+    from benchmarks.replay.replayers import LookaheadReplayer
+
+    replayer = LookaheadReplayer({"method": "lookahead", "trees": trees}, batch_size=4)
+    replayer.use_clock(SimulatedClock(), StepCost(0.060, 0.0032))
+    # the worker measures the step at start-up for trees auto only
+    assert replayer.proposer.cost_model.has_estimate == measured
+    if measured:
+        assert replayer.proposer.cost_model.free_tokens() == pytest.approx(60 / 3.2)
+
+
+def test_replay_table_compares_each_method_with_no_speculation_at_its_batch_size():
+    import argparse
+
+    from benchmarks.replay.cli import batch_sizes, replay_table
+    from benchmarks.replay.loop import Request, StepCost
+
+    trace = [Request("a", "c", [1, 2, 3, 1, 2], [3, 1, 2, 3, 1, 2, 3])]
+    specs = {"none": None, "ngram": methods.DEFAULT_METHODS["ngram"].config}
+    table = replay_table(trace, specs, StepCost(0.010, 0.001), 2, oracle_cut=True)
+    assert table[0].endswith(", batch 2 | none | ngram | ngram (oracle cut) |")
+    cells = dict(zip(["key", "none", "ngram", "cut"], table[2].strip("| ").split(" | ")))
+    assert cells["none"] == "1.000 (0.0) 90.9/s 1.00x"  # a token each 11 ms pass
+    speedup = float(cells["cut"].rsplit(" ", 1)[1].rstrip("x"))
+    assert speedup > 1 and cells["cut"].startswith(cells["ngram"].split(" (")[0])
+    assert batch_sizes("1,16") == [1, 16]
+    for bad in ("0", "a", "1,,2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--batch-size"):
+            batch_sizes(bad)
 
 @pytest.mark.once
 def test_mtad_pass_at_1_checker_runs_the_tasks_tests():

@@ -1,6 +1,6 @@
 """The cost-aware cut on a simulated clock: no model, no wall-clock timing.
 
-Generations are replayed through the default lookahead proposer (benchmarks/replay.py)
+Generations are replayed through the default lookahead proposer (benchmarks/replay/)
 with every decode pass taking ``fixed + per_token x tokens`` simulated seconds, which
 the proposer's cost model times. Tokens/s below are simulated, so the assertions are
 deterministic.
@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.replay import LookaheadReplayer, Request, StepCost, replay
+from benchmarks.replay.loop import Request, StepCost, replay
+from benchmarks.replay.replayers import LookaheadReplayer
 from vllm_lookahead.lookahead.hindsight import Hindsight
 
 DEFAULT = {"method": "lookahead"}

@@ -236,7 +236,7 @@ class SnapshotWriter:
 
     def __init__(self, vllm_config: Any, rank: int):
         directory = snapshot_dir(vllm_config)
-        # the proposer also runs outside vLLM (benchmarks/replay.py): no ranks there
+        # the proposer also runs outside vLLM (benchmarks/replay/): no ranks there
         parallel = getattr(vllm_config, "parallel_config", None)
         dp_rank = getattr(parallel, "data_parallel_rank", 0) or 0
         self.path = None if directory is None else directory / f"{dp_rank}-{rank}.json"

@@ -74,7 +74,7 @@ class LookaheadProposer:
                                      self.max_model_len, self._sources, self._uniform,
                                      self.cost_model, self._estimates, self._stats)
         #: times decode steps for the cost model (replaced by a simulated clock in
-        #: benchmarks/replay.py and the tests)
+        #: benchmarks/replay/ and the tests)
         self.clock = time.perf_counter
         self._step_start: tuple[float, int, int] | None = None
 

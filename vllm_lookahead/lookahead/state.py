@@ -22,7 +22,7 @@ logger = get_logger(__name__)
 
 #: Adaptive draft length (``adaptive_draft_length``): growth after a fully accepted
 #: draft and slack over the accepted count after a rejection. Chosen by replaying
-#: SmolLM2 generations (benchmarks/replay.py) for the best compression per draft token.
+#: SmolLM2 generations (benchmarks/replay/) for the best compression per draft token.
 DRAFT_LIMIT_GROWTH = 8
 DRAFT_LIMIT_MARGIN = 3
 #: Per-step decay of a request's first-token acceptance counts (``cost_aware_drafts``):

@@ -1,0 +1,3 @@
+from benchmarks.replay.cli import main
+
+main()
