@@ -50,6 +50,10 @@ def _row_key(row: dict) -> tuple:
     return row["mode"], row["dataset"], row["concurrency"], row["seed"], row["group"]
 
 
+#: What a summary row is of, besides its seed: kept as they are where seeds are merged.
+SETTING_KEYS = ("method", "mode", "dataset", "concurrency", "group")
+
+
 def _over_seeds(rows: list[dict]) -> list[dict]:
     """One row per method, mode, dataset, concurrency and group: the mean over its
     seeds (speedups taken against the baseline of the same seed first)."""
@@ -58,7 +62,9 @@ def _over_seeds(rows: list[dict]) -> list[dict]:
         by_setting[(row["method"], *_row_key(row)[:3], row["group"])].append(row)
     merged = []
     for same in by_setting.values():
-        row = {key: _mean([r[key] for r in same]) for key in same[0]}
+        # the setting's keys as they are (a mean would turn concurrency 16 into 16.0)
+        row = {key: same[0][key] if key in SETTING_KEYS else _mean([r[key] for r in same])
+               for key in same[0]}
         row["seeds"] = [r["seed"] for r in same]
         row["spread"] = ({key: _stdev([r[key] for r in same]) for key in SPREAD}
                          if len(same) > 1 else None)

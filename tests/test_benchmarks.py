@@ -386,6 +386,7 @@ def test_sampled_runs_average_over_seeds_against_the_same_seeds_baseline():
     measurements = [run("none", 0, 2.0), run("x", 0, 1.0), run("none", 1, 4.0), run("x", 1, 1.0)]
     rows = {r["method"]: r for r in metrics.summarize(measurements)}
     assert len(rows) == 2 and rows["x"]["seeds"] == [0, 1]
+    assert rows["x"]["concurrency"] == 1 and isinstance(rows["x"]["concurrency"], int)
     assert rows["x"]["speedup"] == pytest.approx(3.0)  # 2x with seed 0, 4x with seed 1
     assert rows["x"]["spread"]["speedup"] == pytest.approx(2 ** 0.5)
     assert rows["x"]["tokens_per_second"] == pytest.approx(8.0)
