@@ -177,15 +177,17 @@ def replay_table(trace: list[Request], specs: dict[str, dict | None],
         f" decode tokens/s at {step_cost.label}" if step_cost else "") + (
         f", batch {batch_size}" if batch_size > 1 else "")
     table = [f"| {title} | " + " | ".join(rows) + " |", "|---|" + "---|" * len(rows)]
+    baseline = rows.get("none")
     for key in next(iter(rows.values())):
+        base_rate = baseline[key][2] if baseline else None
         cells = []
         for summary in rows.values():
             compression, drafted, rate = summary[key]
             cell = f"{compression:.3f} ({drafted:.1f})"
             if rate is not None:
                 cell += f" {rate:.1f}/s"
-                if rows.get("none", {}).get(key, (0, 0, None))[2]:
-                    cell += f" {rate / rows['none'][key][2]:.2f}x"
+                if base_rate:
+                    cell += f" {rate / base_rate:.2f}x"
             cells.append(cell)
         table.append(f"| {key} | " + " | ".join(cells) + " |")
     return table + [""]
