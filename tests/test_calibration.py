@@ -73,13 +73,38 @@ def test_the_cut_drops_tokens_whose_estimates_did_not_hold():
     estimates cut), the over-estimated tokens are all kept."""
     drafts = [list(range(1, K + 1)) for _ in range(16)]
     trusted = WorkerEstimates(K, NUM_TOKEN_CLASSES, SUPPORT_BINS)
-    for depth_acceptance in trusted.depth_acceptance:  # long spans always right so far
-        for _ in range(200):
-            depth_acceptance.add(0, K, K, context_draft(drafts[0]).token_classes())
+    trust(trusted, drafts[0])
+    for _ in range(40):  # the kept tokens matched as estimated
+        trusted.calibrations[0].add(np.full(K, 0.97), np.ones(K, bool))
     assert sum(cut_for(trusted, drafts)) == 16 * K
-    for _ in range(400):  # ... but the tokens the cut kept matched a third of the time
+    for _ in range(400):  # ... but then only a third of the time
         trusted.calibrations[0].add(np.full(K, 0.97), np.arange(K) < 3)
     assert sum(cut_for(trusted, drafts)) < 16 * K / 2
+
+
+def trust(estimates: WorkerEstimates, draft: list[int]) -> None:
+    """Acceptance by depth as if drafts like ``draft`` were always right so far."""
+    for depth_acceptance in estimates.depth_acceptance:
+        for _ in range(200):
+            depth_acceptance.add(0, K, K, context_draft(draft).token_classes())
+
+
+def test_a_burst_of_untested_drafts_is_verified_a_little_at_a_time():
+    """Guards the exposure bound in ``CostAwareCut.apply``: without it, all 64 drafts
+    are kept whole on estimates no kept token has been checked against."""
+    from vllm_lookahead.lookahead.cut import MIN_EXPOSURE
+
+    drafts = [list(range(1, K + 1)) for _ in range(64)]
+    estimates = WorkerEstimates(K, NUM_TOKEN_CLASSES, SUPPORT_BINS)
+    trust(estimates, drafts[0])
+    assert sum(cut_for(estimates, drafts)) == MIN_EXPOSURE
+    assert cut_for(estimates, drafts[:1]) == [K]  # a request alone is never held back
+    for _ in range(60):  # 480 kept tokens checked, as estimated
+        estimates.calibrations[0].add(np.full(K, 0.97), np.ones(K, bool))
+    assert sum(cut_for(estimates, drafts)) == 240
+    for _ in range(100):  # ... and once enough were, the cut decides alone
+        estimates.calibrations[0].add(np.full(K, 0.97), np.ones(K, bool))
+    assert sum(cut_for(estimates, drafts)) == 64 * K
 
 
 def test_the_report_compares_kept_estimates_with_the_text():

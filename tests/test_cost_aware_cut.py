@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.replay.loop import Request, StepCost, replay
-from benchmarks.replay.replayers import LookaheadReplayer
+from benchmarks.replay.loop import Request, StepCost, replay, summarize
+from benchmarks.replay.replayers import LookaheadReplayer, NoDraftReplayer
 from vllm_lookahead.lookahead.hindsight import Hindsight
 
 DEFAULT = {"method": "lookahead"}
@@ -29,8 +29,10 @@ CHEAP = StepCost(0.030, 0.0011)
 VERY_EXPENSIVE = StepCost(0.010, 0.010)
 #: The committed trace: SmolLM2-135M's greedy answers to copy-heavy code edits and to
 #: GSM8K reasoning questions (benchmarks/traces/README.md).
-TRACE = Path(__file__).resolve().parent.parent / "benchmarks" / "traces" / \
-    "smollm2-135m-code-edit-reasoning.json"
+TRACES = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
+TRACE = TRACES / "smollm2-135m-code-edit-reasoning.json"
+#: The server runs' requests: 64 HumanEval prompts and 64 MT-Bench conversations.
+LOAD_TRACE = TRACES / "smollm2-135m-humaneval-mtbench-64.json"
 
 
 def noise(rng, n: int) -> list[int]:
@@ -131,6 +133,24 @@ def test_committed_trace_default_is_never_far_below_the_better_of_uncut_and_none
     assert default_speed >= 0.95 * max(uncut_speed, 1 / step_cost(1))
     if dataset == "code_edit":
         assert default_s >= 0.5 * uncut_s
+
+
+@pytest.mark.parametrize("step_cost", [StepCost(0.045, 0.0031), StepCost(0.060, 0.0032),
+                                       StepCost(0.090, 0.0030)], ids=["45ms", "60ms", "90ms"])
+def test_a_wave_of_new_requests_does_not_draft_on_untested_estimates(step_cost):
+    """64 HumanEval requests start together, with no history (the server at
+    concurrency 64, on the step costs fitted there). Guards the exposure bound in
+    ``cut.py``: without it the first passes verified long copies of the prompts on
+    estimates nothing had checked, and the default made 0.86x-0.92x no speculation."""
+    trace = [Request(**row) for row in json.loads(LOAD_TRACE.read_text())
+             if row["dataset"] == "humaneval"]
+    assert len(trace) == 64
+
+    def tokens_per_second(make_replayer):
+        return summarize(trace, replay(make_replayer, trace, step_cost))["all"][2]
+
+    default = tokens_per_second(lambda: LookaheadReplayer(DEFAULT, 64))
+    assert default >= 0.95 * tokens_per_second(lambda: NoDraftReplayer(None, 64))
 
 
 def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch, caplog):

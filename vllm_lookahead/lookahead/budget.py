@@ -241,9 +241,11 @@ class WorkerEstimates:
 
 
 def affordable_draft_lengths(
-    lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, step_cost: CostCurve
+    lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, step_cost: CostCurve,
+    max_kept: int | None = None,
 ) -> np.ndarray:
-    """How many leading tokens of each request's draft to keep.
+    """How many leading tokens of each request's draft to keep, at most ``max_kept`` in
+    all (the most probable ones).
 
     Request r's j-th draft token is accepted with probability
     ``first_rates[r] * survival[r, j-1]`` (its own recent first-token acceptance, and
@@ -271,19 +273,22 @@ def affordable_draft_lengths(
         return lengths
     rate = expected / np.maximum(seconds, 1e-12)
     kept = int(np.flatnonzero(rate >= rate.max() * (1 - 1e-12))[-1])
+    if max_kept is not None:
+        kept = min(kept, max_kept)
     return np.bincount(owner[order[:kept]], minlength=num_requests)
 
 
 def cut_to_budget(drafts: list[list[int]], estimates: list[np.ndarray],
-                  step_cost: CostCurve) -> int:
+                  step_cost: CostCurve, max_kept: int | None = None) -> int:
     """Shorten drafts (in place) to the tokens the step's compute affords, by each
-    token's estimated acceptance (non-increasing along each draft); returns the tokens
-    cut."""
+    token's estimated acceptance (non-increasing along each draft), at most
+    ``max_kept`` in all; returns the tokens cut."""
     lengths = np.array([len(draft) for draft in drafts])
     padded = np.zeros((len(drafts), max(1, int(lengths.max(initial=0)))))
     for b, estimate in enumerate(estimates):
         padded[b, : len(estimate)] = estimate
-    kept = affordable_draft_lengths(lengths, np.ones(len(drafts)), padded, step_cost)
+    kept = affordable_draft_lengths(lengths, np.ones(len(drafts)), padded, step_cost,
+                                    max_kept)
     cut = 0
     for draft, keep in zip(drafts, kept.tolist()):
         cut += len(draft) - keep

@@ -96,7 +96,9 @@ class LookaheadOptions(MethodOptions):
         "occurrences), among requests sampled alike (greedy, or by temperature and top-p), "
         "the first token's scaled by its request's own record; learned from every proposed "
         "draft, cut ones too, against the text then generated) raises the "
-        "expected tokens per second of the whole step. At batch size 1 it rarely cuts. "
+        "expected tokens per second of the whole step, at most half the kept tokens "
+        "checked lately (at least 32, or the longest draft): a burst of new requests "
+        "verifies its untested drafts a little at a time. At batch size 1 it rarely cuts. "
         "Tree nodes (tree_candidates, tree_window) are added only from what is left, at "
         "their cost per node and tree.",
     )
