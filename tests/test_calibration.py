@@ -56,15 +56,16 @@ def context_draft(tokens: list[int]) -> Draft:
     return Draft(list(tokens), matched=len(tokens), bins=[SUPPORT_BINS - 1] * len(tokens))
 
 
-def cut_for(estimates: WorkerEstimates, drafts: list[list[int]]) -> list[int]:
+def cut_for(estimates: WorkerEstimates, drafts: list[list[int]],
+            free_tokens: float = 10.0) -> list[int]:
     """The cut's kept lengths for context ``drafts``, on a step whose tokens each cost
-    a tenth of its fixed part."""
+    ``1 / free_tokens`` of its fixed part."""
     cut = CostAwareCut(estimates, StepCostModel(), ProposerStats())
     states = [RequestState(NgramPool(3, 8, 100), prompt_len=0, next_ngram_start=0,
                            max_draft=K, draft_limit=K) for _ in drafts]
     main = [context_draft(tokens) for tokens in drafts]
-    cut.apply(main, states, np.full(len(drafts), 100), StepPlan(10.0, CostCurve.linear(
-        1.0, 0.1), fill=False))
+    cut.apply(main, states, np.full(len(drafts), 100), StepPlan(free_tokens, CostCurve.linear(
+        1.0, 1 / free_tokens), fill=False))
     return [len(draft.tokens) for draft in main]
 
 
@@ -99,6 +100,7 @@ def test_a_burst_of_untested_drafts_is_verified_a_little_at_a_time():
     trust(estimates, drafts[0])
     assert sum(cut_for(estimates, drafts)) == MIN_EXPOSURE
     assert cut_for(estimates, drafts[:1]) == [K]  # a request alone is never held back
+    assert sum(cut_for(estimates, drafts, free_tokens=600)) == 64 * K  # nor free tokens
     for _ in range(60):  # 480 kept tokens checked, as estimated
         estimates.calibrations[0].add(np.full(K, 0.97), np.ones(K, bool))
     assert sum(cut_for(estimates, drafts)) == 240

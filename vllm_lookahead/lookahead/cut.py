@@ -12,8 +12,9 @@ draft tokens of 24-token copies of the prompts, estimated at 742, of which 467
 matched; on clocks of 45-90 ms + 3.0-3.2 ms a token the wave ran at 0.86x-0.92x no
 speculation. So a step keeps at most ``EXPOSURE_PER_CHECKED_TOKEN`` times the
 kept tokens checked lately (the calibration's decayed counts), and never fewer than
-``MIN_EXPOSURE`` tokens or its longest draft (one request alone is never held back):
-what the step verifies grows with the evidence behind its estimates."""
+``MIN_EXPOSURE`` tokens, its longest draft (one request alone is never held back) or
+the tokens its cost line makes nearly free (a GPU's hundreds: there a burst costs
+little): what the step verifies grows with the evidence behind its estimates."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ CUT_LOG_INTERVAL_S = 10.0
 #: A step's kept draft tokens: at most this share of the kept tokens checked lately
 #: (in hindsight, decayed like the estimates), ...
 EXPOSURE_PER_CHECKED_TOKEN = 0.5
-#: ... but always this many, or the step's longest draft.
+#: ... but always this many, or the step's longest draft or free tokens.
 MIN_EXPOSURE = 32
 
 
@@ -79,7 +80,7 @@ class CostAwareCut:
                           for state, estimate in zip(states, estimates)]
             self._stats.cut_tokens += cut_to_budget([draft.tokens for draft in main],
                                                     calibrated, plan.step_cost,
-                                                    self._exposure(main))
+                                                    self._exposure(main, plan))
             kept_estimates = [(raw[: len(draft.tokens)], fitted[: len(draft.tokens)])
                               for raw, fitted, draft in zip(estimates, calibrated, main)]
         for b, state in enumerate(states):
@@ -89,13 +90,14 @@ class CostAwareCut:
         self._stats.free_tokens = math.inf if plan.free_tokens is None else plan.free_tokens
         self._log.maybe_log(self._stats, self._cost_model)
 
-    def _exposure(self, main: list[Draft]) -> int:
+    def _exposure(self, main: list[Draft], plan: StepPlan) -> int:
         """The most draft tokens the step may keep, by the evidence its estimates rest
         on: the kept tokens checked lately, of every sampling class (each rank counts
-        the same, from the same text)."""
+        the same, from the same text; the free tokens are the first rank's)."""
         checked = sum(float(calibration.tokens.sum()) for calibration in self._calibrations)
         longest = max((len(draft.tokens) for draft in main), default=0)
-        return max(MIN_EXPOSURE, longest, int(EXPOSURE_PER_CHECKED_TOKEN * checked))
+        free = int(min(plan.free_tokens or 0.0, 1 << 30))
+        return max(MIN_EXPOSURE, longest, free, int(EXPOSURE_PER_CHECKED_TOKEN * checked))
 
     def _estimates(self, classes: list[np.ndarray], first_estimates: list[float],
                    states: list[RequestState]) -> list[np.ndarray]:

@@ -97,7 +97,8 @@ class LookaheadOptions(MethodOptions):
         "the first token's scaled by its request's own record; learned from every proposed "
         "draft, cut ones too, against the text then generated) raises the "
         "expected tokens per second of the whole step, at most half the kept tokens "
-        "checked lately (at least 32, or the longest draft): a burst of new requests "
+        "checked lately (at least 32, the longest draft or the free tokens): a burst of "
+        "new requests on expensive tokens "
         "verifies its untested drafts a little at a time. At batch size 1 it rarely cuts. "
         "Tree nodes (tree_candidates, tree_window) are added only from what is left, at "
         "their cost per node and tree.",
