@@ -155,6 +155,18 @@ def test_bad_prompt_counts(text):
         prompt_counts(text)
 
 
+@pytest.mark.parametrize("text", ["0", "x", "4,-1", ","])
+def test_bad_counts_name_what_was_expected(text):
+    """--concurrency, the replay's --batch-size, step_cost's lists: one parser."""
+    import argparse
+
+    from benchmarks.run import positive_ints
+
+    assert positive_ints("1, 16") == [1, 16]
+    with pytest.raises(argparse.ArgumentTypeError, match="positive integers|integers like"):
+        positive_ints(text)
+
+
 def test_missing_package_is_reported_with_the_install_command():
     method = methods.Method("x", {"method": "x"}, needs_module="no_such_module_here",
                             install_hint="pip install no-such")
@@ -714,9 +726,7 @@ def test_replay_tells_lookahead_the_step_cost_where_the_engine_measures_it(trees
 
 
 def test_replay_table_compares_each_method_with_no_speculation_at_its_batch_size():
-    import argparse
-
-    from benchmarks.replay.cli import batch_sizes, replay_table
+    from benchmarks.replay.cli import replay_table
     from benchmarks.replay.loop import Request, StepCost
 
     trace = [Request("a", "c", [1, 2, 3, 1, 2], [3, 1, 2, 3, 1, 2, 3])]
@@ -727,10 +737,7 @@ def test_replay_table_compares_each_method_with_no_speculation_at_its_batch_size
     assert cells["none"] == "1.000 (0.0) 90.9/s 1.00x"  # a token each 11 ms pass
     speedup = float(cells["cut"].rsplit(" ", 1)[1].rstrip("x"))
     assert speedup > 1 and cells["cut"].startswith(cells["ngram"].split(" (")[0])
-    assert batch_sizes("1,16") == [1, 16]
-    for bad in ("0", "a", "1,,2"):
-        with pytest.raises(argparse.ArgumentTypeError, match="--batch-size"):
-            batch_sizes(bad)
+
 
 @pytest.mark.once
 def test_mtad_pass_at_1_checker_runs_the_tasks_tests():

@@ -55,6 +55,7 @@ from pathlib import Path
 from benchmarks.methods import DEFAULT_METHODS, with_overrides
 from benchmarks.replay.loop import Request, StepCost, replay, summarize
 from benchmarks.replay.replayers import REPLAY_ONLY_METHODS, REPLAYERS
+from benchmarks.run import positive_ints
 from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 
@@ -113,7 +114,7 @@ def main() -> None:
     run.add_argument("--step-cost", action="append", type=StepCost.parse, default=[],
                      metavar="FIXED_MS,TOKEN_MS",
                      help="simulated decode pass time (repeatable: one table each)")
-    run.add_argument("--batch-size", type=batch_sizes, default=[1], metavar="N[,N...]",
+    run.add_argument("--batch-size", type=positive_ints, default=[1], metavar="N[,N...]",
                      help="requests replayed at a time (one table each; default 1)")
     run.add_argument("--oracle-cut", action="store_true",
                      help="also each method with its drafts cut to what will be accepted")
@@ -148,18 +149,6 @@ def main() -> None:
                   "", __doc__.split("\n\n")[1].replace("\n", " "), ""]
         (folder / "results.md").write_text("\n".join(header + table))
         print(f"results: {folder}/")
-
-
-def batch_sizes(text: str) -> list[int]:
-    """``--batch-size``: a comma list of positive integers."""
-    try:
-        sizes = [int(item) for item in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(
-            f"--batch-size expects positive integers separated by commas, got {text!r}")
-    return sizes
 
 
 def replay_table(trace: list[Request], specs: dict[str, dict | None],
