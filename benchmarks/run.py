@@ -63,8 +63,9 @@ def prompt_counts(text: str) -> dict[str, int]:
 
 
 def positive_ints(text: str) -> list[int]:
+    """A comma list of positive integers; an empty item (``1,,2``) is refused."""
     try:
-        values = [int(item) for item in comma_list()(text)]
+        values = [int(item) for item in text.split(",")]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected integers like 1,4,16: {text!r}") from exc
     if not values or min(values) < 1:

@@ -155,7 +155,7 @@ def test_bad_prompt_counts(text):
         prompt_counts(text)
 
 
-@pytest.mark.parametrize("text", ["0", "x", "4,-1", ","])
+@pytest.mark.parametrize("text", ["0", "x", "4,-1", ",", "1,,2"])
 def test_bad_counts_name_what_was_expected(text):
     """--concurrency, the replay's --batch-size, step_cost's lists: one parser."""
     import argparse
@@ -165,6 +165,16 @@ def test_bad_counts_name_what_was_expected(text):
     assert positive_ints("1, 16") == [1, 16]
     with pytest.raises(argparse.ArgumentTypeError, match="positive integers|integers like"):
         positive_ints(text)
+
+
+@pytest.mark.parametrize("bad", ["0", "a", "1,,2"])
+def test_the_replay_names_its_bad_batch_size(bad, monkeypatch, capsys):
+    from benchmarks.replay import cli
+
+    monkeypatch.setattr("sys.argv", ["replay", "run", "trace.json", "--batch-size", bad])
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert "--batch-size" in capsys.readouterr().err
 
 
 def test_missing_package_is_reported_with_the_install_command():
