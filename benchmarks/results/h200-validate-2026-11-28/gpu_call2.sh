@@ -1,0 +1,1 @@
+bash .gpu/part-02/install.sh --absorb-only 2>&1 | tail -2

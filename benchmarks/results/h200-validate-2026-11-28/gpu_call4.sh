@@ -1,0 +1,4 @@
+R=benchmarks/results/h200-validate-2026-11-28; mkdir -p $R
+source /tmp/gpu-stage/env.sh; export PYTHONUNBUFFERED=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_LOGGING_LEVEL=WARNING LOOKAHEAD_COMMIT=468b82b
+timeout ${DECOMP_TIMEOUT:-240} python3 -m benchmarks.run --model /tmp/models/SmolLM2-135M-Instruct --methods none,lookahead --dtype bfloat16 --max-tokens 256 --kv-cache-memory-bytes 8589934592 --engine-args '{"enforce_eager": false}' --mode latency --output-dir $R/decomposition --datasets humaneval --num-prompts ${DECOMP_PROMPTS:-3} --method-config 'lookahead-unfilled={"method": "lookahead", "uniform_drafts": "off"}' --method-config 'suffix-full={"method": "suffix"}' --method-engine-args 'suffix-full={"compilation_config": {"cudagraph_mode": "FULL"}}' > $R/decomposition.log 2>&1; echo rc=$?; tail -5 $R/decomposition.log
+tar czf $OUT/decomp.tgz $R/decomposition $R/decomposition.log
