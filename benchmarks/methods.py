@@ -11,7 +11,9 @@ Defaults, chosen to compare like with like:
 * lookahead: the plugin's defaults (K=24 as a cap on its adaptive draft length).
 
 `--method-config NAME=JSON` merges JSON over NAME's default, or defines a new
-variant NAME whose JSON names its "method" (merged over that method's default).
+variant NAME whose JSON names its "method" (merged over that method's default). A
+variant of "none" is `{"method": "none"}` alone: it differs by its engine arguments
+(`--method-engine-args`, e.g. vLLM's `async_scheduling`).
 """
 
 from __future__ import annotations
@@ -75,8 +77,13 @@ def with_overrides(methods: dict[str, Method], overrides: list[str]) -> dict[str
                 f"--method-config {name}: a new variant must name its \"method\"; "
                 f"known methods: {', '.join(defaults)}")
         if base is not None and base.config is None:
-            raise ValueError(f"--method-config {name}: {base.name!r} runs without "
-                             "speculation and has no options")
+            if values != {"method": base.name}:
+                raise ValueError(
+                    f"--method-config {name}: {base.name!r} runs without speculation and "
+                    f"has no options; a variant of it is {{\"method\": \"{base.name}\"}} "
+                    "alone, with --method-engine-args for its engine")
+            methods[name] = replace(base, name=name)
+            continue
         base = base or Method(name)
         methods[name] = replace(base, name=name, config={**(base.config or {}), **values})
     return methods

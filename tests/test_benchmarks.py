@@ -88,10 +88,25 @@ def test_variant_inherits_its_methods_default():
     ("lookahead=[1]", "JSON object"),
     ('new-thing={"num_speculative_tokens": 2}', "must name its"),
     ('none={"num_speculative_tokens": 2}', "without speculation"),
+    ('none-k2={"method": "none", "num_speculative_tokens": 2}', "without speculation"),
 ])
 def test_bad_overrides_are_explained(text, message):
     with pytest.raises(ValueError, match=message):
         methods.with_overrides(methods.DEFAULT_METHODS, [text])
+
+
+def test_a_variant_of_no_speculation_differs_only_by_its_engine():
+    from benchmarks.run import _method_engine_args, _selected_methods, build_parser
+
+    args = build_parser().parse_args([
+        "--methods", "none,lookahead", "--method-config", 'none-sync={"method": "none"}',
+        "--method-engine-args", 'none-sync={"async_scheduling": false}'])
+    selected = _selected_methods(args)
+    assert list(selected) == ["none", "lookahead", "none-sync"]
+    assert selected["none-sync"].config is None
+    assert methods.speculative_config(selected["none-sync"]) is None
+    assert _method_engine_args(args.method_engine_args, selected) == {
+        "none-sync": {"async_scheduling": False}}
 
 
 def test_draft_model_needs_its_target_unless_a_draft_is_given():
