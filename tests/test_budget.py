@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from vllm_lookahead.lookahead.budget import (
+    ACCEPTED_TOKEN_WORTH,
     NUM_SAMPLING_CLASSES,
     AcceptanceByDepth,
     TreeYield,
     affordable_draft_lengths,
+    cut_to_budget,
     sampling_class,
 )
 from vllm_lookahead.lookahead.step_cost import MIN_SAMPLES, WINDOW, CostCurve, StepCostModel
@@ -150,8 +152,8 @@ def test_the_cut_keeps_matched_tokens_deeper_than_pool_guesses():
     assert kept[0] == 8 and kept[1] <= 1
 
 
-def expected_rate(kept, probs, step_cost):
-    expected = len(kept) + sum(sum(p[:keep]) for keep, p in zip(kept, probs))
+def expected_rate(kept, probs, step_cost, worth=1.0):
+    expected = len(kept) + worth * sum(sum(p[:keep]) for keep, p in zip(kept, probs))
     return expected / float(step_cost(np.array([len(kept) + sum(kept)]))[0])
 
 
@@ -161,20 +163,37 @@ AVX2_STEP = CostCurve(np.array([1.0, 2, 3, 5, 9, 17, 25]),
                       np.array([80.2, 87.1, 92.7, 92.7, 115.5, 129.5, 148.8]) * 1e-3, 2.4e-3)
 
 
+@pytest.mark.parametrize("worth", [1.0, ACCEPTED_TOKEN_WORTH])
 @pytest.mark.parametrize("seed", range(40))
-def test_kept_drafts_maximize_expected_tokens_per_cost(seed):
+def test_kept_drafts_maximize_expected_tokens_per_cost(seed, worth):
     """Against every choice of prefixes, under a line and under a measured curve."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, 5, size=rng.integers(1, 5))
     first_rates = rng.uniform(0.05, 0.95, size=len(lengths))
     survival = np.cumprod(np.concatenate(([1.0], rng.uniform(0.2, 1.0, size=4))))
     for step_cost in (linear_cost(float(rng.choice([0.0, 2.0, 10.0, 50.0]))), AVX2_STEP):
-        kept = affordable_draft_lengths(lengths, first_rates, survival, step_cost)
+        kept = affordable_draft_lengths(lengths, first_rates, survival, step_cost,
+                                        worth=worth)
         assert all(0 <= k <= n for k, n in zip(kept, lengths))
         probs = [rate * survival[:n] for rate, n in zip(first_rates, lengths)]
-        best = max(expected_rate(choice, probs, step_cost)
+        best = max(expected_rate(choice, probs, step_cost, worth)
                    for choice in itertools.product(*(range(n + 1) for n in lengths)))
-        assert expected_rate(kept, probs, step_cost) == pytest.approx(best)
+        assert expected_rate(kept, probs, step_cost, worth) == pytest.approx(best)
+
+
+def test_the_cut_keeps_only_tokens_that_save_more_than_they_cost():
+    """64 requests on a line of 20 free tokens: a token pays at acceptance 64 / 84 (0.76)
+    if an accepted token saved a whole share of a step; the cut counts it at
+    ``ACCEPTED_TOKEN_WORTH`` of that (a batch may drain), so one accepted at 0.85 is cut
+    and one at 0.98 kept."""
+    step = linear_cost(20.0)
+    for acceptance, kept in ((0.85, 0), (0.98, 1)):
+        drafts = [[7] for _ in range(64)]
+        estimates = [np.array([acceptance])] * 64
+        cut = cut_to_budget(drafts, estimates, step)
+        assert (cut, sum(map(len, drafts))) == (64 * (1 - kept), 64 * kept)
+        assert affordable_draft_lengths(np.ones(64, dtype=np.int64), np.full(64, 0.85),
+                                        np.ones(1), step).sum() == 64  # at worth 1.0
 
 
 def test_the_cut_follows_the_measured_curve_where_a_line_would_not():

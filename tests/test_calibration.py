@@ -98,15 +98,16 @@ def test_a_burst_of_untested_drafts_is_verified_a_little_at_a_time():
     drafts = [list(range(1, K + 1)) for _ in range(64)]
     estimates = WorkerEstimates(K, NUM_TOKEN_CLASSES, SUPPORT_BINS)
     trust(estimates, drafts[0])
-    assert sum(cut_for(estimates, drafts)) == MIN_EXPOSURE
+    # 30 free tokens: a token sure to be accepted pays at batch 64
+    assert sum(cut_for(estimates, drafts, free_tokens=30)) == MIN_EXPOSURE
     assert cut_for(estimates, drafts[:1]) == [K]  # a request alone is never held back
     assert sum(cut_for(estimates, drafts, free_tokens=600)) == 64 * K  # nor free tokens
     for _ in range(60):  # 480 kept tokens checked, as estimated
         estimates.calibrations[0].add(np.full(K, 0.97), np.ones(K, bool))
-    assert sum(cut_for(estimates, drafts)) == 240
+    assert sum(cut_for(estimates, drafts, free_tokens=30)) == 240
     for _ in range(100):  # ... and once enough were, the cut decides alone
         estimates.calibrations[0].add(np.full(K, 0.97), np.ones(K, bool))
-    assert sum(cut_for(estimates, drafts)) == 64 * K
+    assert sum(cut_for(estimates, drafts, free_tokens=30)) == 64 * K
 
 
 def test_the_report_compares_kept_estimates_with_the_text():

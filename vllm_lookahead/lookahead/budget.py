@@ -39,6 +39,15 @@ PRIOR_TREE_NODES = 20.0
 TEMPERATURE_EDGES = (0.5, 1.0)
 TOP_P_EDGE = 0.9
 NUM_SAMPLING_CLASSES = 1 + 2 * (len(TEMPERATURE_EDGES) + 1)
+#: What the cut counts an accepted draft token as saving, as a share of its request's
+#: part of a step. The whole part only where another request takes the place a request
+#: frees by finishing early (a queue, a closed-loop client with more to send); in a batch
+#: that drains, a request that finishes a step early saves only its own row of one later
+#: step, and an accepted token is worth less than the tokens it cost. Replayed at batch
+#: 1-64 on the 2-core CPU's measured step cost and on a GPU-like one (run (dh)), 0.8 kept
+#: batch 1 and 16 at the gain of 1.0 and stopped the loss at 64 (0.97x-0.98x no
+#: speculation at 1.0; 0.99x-1.00x at 0.8).
+ACCEPTED_TOKEN_WORTH = 0.8
 
 
 class StepPlan(NamedTuple):
@@ -242,7 +251,7 @@ class WorkerEstimates:
 
 def affordable_draft_lengths(
     lengths: np.ndarray, first_rates: np.ndarray, survival: np.ndarray, step_cost: CostCurve,
-    max_kept: int | None = None,
+    max_kept: int | None = None, worth: float = 1.0,
 ) -> np.ndarray:
     """How many leading tokens of each request's draft to keep, at most ``max_kept`` in
     all (the most probable ones).
@@ -252,8 +261,9 @@ def affordable_draft_lengths(
     the worker's acceptance by depth for its sampling class; one ``survival`` row
     serves all requests). Keeping k tokens, the best k are the most probable ones (a
     prefix of each draft: probabilities do not rise along a draft); the step then
-    yields E(k) = requests + their probabilities' sum in ``step_cost(requests + k)``,
-    and the k with the most expected tokens per second is kept (the largest on a tie).
+    yields E(k) = requests + ``worth`` x their probabilities' sum in
+    ``step_cost(requests + k)``, and the k with the most expected tokens per second is
+    kept (the largest on a tie).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
@@ -267,7 +277,7 @@ def affordable_draft_lengths(
     position = np.arange(total) - np.repeat(starts, lengths)
     prob = np.asarray(first_rates, dtype=np.float64)[owner] * survival[owner, position]
     order = np.argsort(-prob, kind="stable")
-    expected = num_requests + np.concatenate(([0.0], np.cumsum(prob[order])))
+    expected = num_requests + worth * np.concatenate(([0.0], np.cumsum(prob[order])))
     seconds = step_cost(num_requests + np.arange(total + 1))
     if not seconds[-1] > seconds[0]:  # the tokens look free: keep them all
         return lengths
@@ -281,14 +291,15 @@ def affordable_draft_lengths(
 def cut_to_budget(drafts: list[list[int]], estimates: list[np.ndarray],
                   step_cost: CostCurve, max_kept: int | None = None) -> int:
     """Shorten drafts (in place) to the tokens the step's compute affords, by each
-    token's estimated acceptance (non-increasing along each draft), at most
-    ``max_kept`` in all; returns the tokens cut."""
+    token's estimated acceptance (non-increasing along each draft) and what an accepted
+    token is worth (``ACCEPTED_TOKEN_WORTH``), at most ``max_kept`` in all; returns the
+    tokens cut."""
     lengths = np.array([len(draft) for draft in drafts])
     padded = np.zeros((len(drafts), max(1, int(lengths.max(initial=0)))))
     for b, estimate in enumerate(estimates):
         padded[b, : len(estimate)] = estimate
     kept = affordable_draft_lengths(lengths, np.ones(len(drafts)), padded, step_cost,
-                                    max_kept)
+                                    max_kept, ACCEPTED_TOKEN_WORTH)
     cut = 0
     for draft, keep in zip(drafts, kept.tolist()):
         cut += len(draft) - keep
