@@ -122,7 +122,7 @@ def test_tp2_ranks_decide_alike_round_after_round(llama_path, llama_reference, m
 FINISH_TOGETHER = """
 import json, sys
 sys.path.insert(0, "tests")
-from test_proposer import Batch, make_proposer
+from proposers import Batch, make_proposer
 
 proposer, runner = make_proposer(k=4)
 contexts = {f"request-{i}": [1 + i, 2, 3, 10 + i] for i in range(8)}

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_proposer import Batch, make_proposer
+from proposers import Batch, make_proposer
 
 from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.sources.pool import NgramPool
