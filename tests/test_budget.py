@@ -187,13 +187,13 @@ def test_the_cut_keeps_only_tokens_that_save_more_than_they_cost():
     ``ACCEPTED_TOKEN_WORTH`` of that (a batch may drain), so one accepted at 0.85 is cut
     and one at 0.98 kept."""
     step = linear_cost(20.0)
+    assert affordable_draft_lengths(np.ones(64, dtype=np.int64), np.full(64, 0.85),
+                                    np.ones(1), step).sum() == 64  # at worth 1.0
     for acceptance, kept in ((0.85, 0), (0.98, 1)):
         drafts = [[7] for _ in range(64)]
         estimates = [np.array([acceptance])] * 64
         cut = cut_to_budget(drafts, estimates, step)
         assert (cut, sum(map(len, drafts))) == (64 * (1 - kept), 64 * kept)
-        assert affordable_draft_lengths(np.ones(64, dtype=np.int64), np.full(64, 0.85),
-                                        np.ones(1), step).sum() == 64  # at worth 1.0
 
 
 def test_the_cut_follows_the_measured_curve_where_a_line_would_not():
