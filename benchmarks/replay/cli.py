@@ -8,8 +8,9 @@ predictions at rejected positions (lookahead's Jacobi harvest is absent here, so
 replayed lookahead S is a lower bound). This makes proposer variants cheap to
 compare; end-to-end speed still comes from benchmarks.run.
 
-With ``--step-cost FIXED_MS,TOKEN_MS`` every decode pass takes a simulated
-FIXED + TOKEN x (scheduled tokens) milliseconds: lookahead's cost-aware cut times the
+With ``--step-cost FIXED_MS,TOKEN_MS[,DRAFT_MS]`` every decode pass takes a simulated
+FIXED + TOKEN x (its requests) + DRAFT x (its draft tokens) milliseconds (DRAFT = TOKEN
+if not given): lookahead's cost-aware cut times the
 passes on that clock (deterministically, unlike a real machine), and the table adds
 the simulated decode tokens/s (and the speedup over ``none``, no drafts, where it is
 among the methods). Several ``--step-cost`` give one table each.
@@ -112,8 +113,9 @@ def main() -> None:
     run.add_argument("--method-config", action="append", default=[],
                      help="NAME=JSON: a variant (with 'method') or overrides of NAME")
     run.add_argument("--step-cost", action="append", type=StepCost.parse, default=[],
-                     metavar="FIXED_MS,TOKEN_MS",
-                     help="simulated decode pass time (repeatable: one table each)")
+                     metavar="FIXED_MS,TOKEN_MS[,DRAFT_MS]",
+                     help="simulated decode pass time: fixed, a request's token, a draft "
+                          "token's (TOKEN_MS if not given; repeatable: one table each)")
     run.add_argument("--batch-size", type=positive_ints, default=[1], metavar="N[,N...]",
                      help="requests replayed at a time (one table each; default 1)")
     run.add_argument("--oracle-cut", action="store_true",

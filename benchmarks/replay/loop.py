@@ -23,31 +23,47 @@ class Request:
 
 @dataclass(frozen=True)
 class StepCost:
-    """A simulated decode pass: ``fixed`` + ``per_token`` x scheduled tokens, seconds."""
+    """A simulated decode pass, seconds: ``fixed`` + ``per_token`` x its requests +
+    ``per_draft`` x its draft tokens (``per_token`` where None)."""
 
     fixed: float
     per_token: float
+    per_draft: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> "StepCost":
-        """``FIXED_MS,TOKEN_MS``, e.g. ``30,1.1``."""
+        """``FIXED_MS,TOKEN_MS[,DRAFT_MS]``, e.g. ``30,1.1`` or ``16,1.07,0.8``."""
         try:
-            fixed_ms, token_ms = (float(item) for item in text.split(","))
+            values = [float(item) for item in text.split(",")]
+            if len(values) not in (2, 3):
+                raise ValueError
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"--step-cost expects FIXED_MS,TOKEN_MS (e.g. 30,1.1), got {text!r}") from None
-        if fixed_ms < 0 or token_ms <= 0:
+                "--step-cost expects FIXED_MS,TOKEN_MS[,DRAFT_MS] (e.g. 30,1.1), "
+                f"got {text!r}") from None
+        if values[0] < 0 or min(values[1:]) <= 0:
             raise argparse.ArgumentTypeError(
-                f"--step-cost: FIXED_MS must be >= 0 and TOKEN_MS > 0, got {text!r}")
-        return cls(fixed_ms / 1e3, token_ms / 1e3)
+                f"--step-cost: FIXED_MS must be >= 0, TOKEN_MS and DRAFT_MS > 0, got {text!r}")
+        return cls(*(value / 1e3 for value in values))
 
-    def __call__(self, num_tokens: int) -> float:
-        return self.fixed + self.per_token * num_tokens
+    @property
+    def draft_token(self) -> float:
+        """Seconds a draft token adds."""
+        return self.per_token if self.per_draft is None else self.per_draft
+
+    def __call__(self, num_tokens: int, num_requests: int | None = None) -> float:
+        """A pass of ``num_tokens``, ``num_requests`` of them requests' own (None: all)."""
+        requests = num_tokens if num_requests is None else num_requests
+        return self.fixed + self.per_token * requests + self.draft_token * (
+            num_tokens - requests)
 
     @property
     def label(self) -> str:
-        return (f"{self.fixed * 1e3:g} ms + {self.per_token * 1e3:g} ms/token "
-                f"({self.fixed / self.per_token:.0f} free tokens)")
+        per_token = (f"{self.per_token * 1e3:g} ms/token" if self.per_draft is None else
+                     f"{self.per_token * 1e3:g} ms/request + {self.per_draft * 1e3:g} "
+                     "ms/draft token")
+        return (f"{self.fixed * 1e3:g} ms + {per_token} "
+                f"({self.fixed / self.draft_token:.0f} free tokens)")
 
 
 class SimulatedClock:
@@ -161,7 +177,7 @@ def _decode_pass(replayer: Replayer, rows: list[_Running | None], step_cost: Ste
     seconds = 0.0
     if step_cost is not None:
         replayer.before_pass(num_tokens, num_requests)
-        seconds = step_cost(num_tokens)
+        seconds = step_cost(num_tokens, num_requests)
         clock.now += seconds
     for row, (running, draft) in enumerate(zip(decoding, drafts)):
         if running is None:

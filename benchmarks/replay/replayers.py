@@ -109,7 +109,7 @@ class LookaheadReplayer(Replayer):
 
         self.proposer.clock = clock
         if self.proposer.trees_need_free_tokens is not None:
-            self.proposer.on_start_cost(StartCost(step_cost(1), step_cost.per_token))
+            self.proposer.on_start_cost(StartCost(step_cost(1), step_cost.draft_token))
 
     def before_pass(self, num_tokens, num_requests):
         self.proposer.on_step_start(num_tokens, decode_only=True, num_requests=num_requests)
