@@ -27,7 +27,7 @@ ACCEPTED_PER_POS = SPEC_DECODE_PREFIX + "num_accepted_tokens_per_pos"
 PROPOSER_FIELDS = ("steps", "seconds", "kept_tokens_expected", "kept_tokens_matched",
                    "cut_tokens", "cut_tokens_confirmed")
 #: The cut's fitted step cost at the end of a measurement (gauges).
-STEP_COST_FIELDS = ("step_fixed_seconds", "step_token_seconds", "step_request_seconds")
+STEP_COST_FIELDS = ("step_fixed_seconds", "step_token_seconds")
 
 
 @dataclass

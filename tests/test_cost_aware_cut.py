@@ -181,6 +181,6 @@ def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch
     assert stats.step_token_seconds == pytest.approx(0.0025)
     assert 0 < stats.cut_tokens_confirmed < stats.cut_tokens
     line = caplog.records[-1].getMessage()
-    assert line.startswith("vllm-lookahead cut: step = 10.000 ms + 2.5000 ms/token + "
-                           "0.0000 ms/request (free tokens 4.0)")
+    assert line.startswith("vllm-lookahead cut: step = 10.000 ms + 2.5000 ms/token "
+                           "(free tokens 4.0)")
     assert "draft tokens proposed" in line and "of those matched later" in line

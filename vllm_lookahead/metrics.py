@@ -96,12 +96,9 @@ LOOKAHEAD_GAUGES = [
      "Tokens held in the cross-request response corpus."),
     ("vllm:lookahead_step_fixed_seconds", "step_fixed_seconds",
      "Cost-aware cut: fitted seconds of a decode step (start to start) that do not depend "
-     "on its tokens or requests."),
+     "on its tokens."),
     ("vllm:lookahead_step_token_seconds", "step_token_seconds",
      "Cost-aware cut: fitted seconds each scheduled token adds to a decode step."),
-    ("vllm:lookahead_step_request_seconds", "step_request_seconds",
-     "Cost-aware cut: fitted seconds a request's own token adds to a decode step beyond "
-     "a draft token's (0: not fitted)."),
     ("vllm:lookahead_free_tokens", "free_tokens",
      "Cost-aware cut: the fixed over the per-token cost, in tokens (+Inf: nothing is cut)."),
     ("vllm:lookahead_start_free_tokens", "start_free_tokens",
@@ -195,7 +192,6 @@ class ProposerStats:
     # the cost-aware cut's step cost fit (nan: none yet) and free tokens (inf: no cut)
     step_fixed_seconds: float = math.nan
     step_token_seconds: float = math.nan
-    step_request_seconds: float = 0.0
     free_tokens: float = math.inf
     # trees ``auto``: the start-up measurement (``worker.start_cost``; nan: none)
     start_free_tokens: float = math.nan

@@ -132,9 +132,7 @@ class CutLog:
         proposed, cut, confirmed = (a - b for a, b in zip(totals, self._last))
         elapsed, self._last_time, self._last = now - self._last_time, now, totals
         logger.debug(
-            "vllm-lookahead cut: step = %.3f ms + %.4f ms/token + %.4f ms/request "
-            "(free tokens %.1f); last %.0f s: %d draft tokens proposed, %d cut, %d of "
-            "those matched later",
+            "vllm-lookahead cut: step = %.3f ms + %.4f ms/token (free tokens %.1f); "
+            "last %.0f s: %d draft tokens proposed, %d cut, %d of those matched later",
             cost_model.fixed_seconds * 1e3, cost_model.token_seconds * 1e3,
-            cost_model.request_seconds * 1e3,
             stats.free_tokens, elapsed, proposed, cut, confirmed)

@@ -55,7 +55,7 @@ class DraftPlanner:
         bounds = self._draft_bounds(states, num_tokens)
         if self._uniform.graph_requests is None:  # the runner's graphs exist by now
             self._uniform.set_graph_requests(runner_state.uniform_graph_requests(runner))
-        plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds), len(rows))
+        plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds))
         main = self._main_drafts(decoding, token_ids_cpu, num_tokens, bounds, plan.fill)
         if self.options.cost_aware_drafts:
             self._cut.apply(main, states, num_tokens, plan)
@@ -75,16 +75,14 @@ class DraftPlanner:
         self._remember(main, states)
         return drafts
 
-    def step_plan(self, fill: bool, num_requests: int) -> StepPlan:
-        """What a step of ``num_requests`` decoding affords (``budget.StepPlan``), with
-        ``fill`` as this rank's ``uniform_drafts`` wants it: without
-        ``cost_aware_drafts`` infinite free tokens and no curve; before the cost model
-        has an estimate, none of either."""
+    def step_plan(self, fill: bool) -> StepPlan:
+        """What the step affords (``budget.StepPlan``), with ``fill`` as this rank's
+        ``uniform_drafts`` wants it: without ``cost_aware_drafts`` infinite free tokens
+        and no curve; before the cost model has an estimate, none of either."""
         if not self.options.cost_aware_drafts:
             plan = StepPlan(math.inf, None, fill)
         elif self._cost_model.has_estimate:
-            plan = StepPlan(self._cost_model.free_tokens(num_requests),
-                            self._cost_model.curve_at(num_requests), fill)
+            plan = StepPlan(self._cost_model.free_tokens(), self._cost_model.curve(), fill)
         else:
             plan = StepPlan(None, None, fill)
         if not self.options.cost_aware_drafts and not self._uniform.may_fill:

@@ -88,7 +88,6 @@ class LookaheadProposer:
             corpus_size=len(self._sources.corpus),
             step_fixed_seconds=self.cost_model.fixed_seconds,
             step_token_seconds=self.cost_model.token_seconds,
-            step_request_seconds=self.cost_model.request_seconds,
         )
 
     @property
@@ -177,7 +176,7 @@ class LookaheadProposer:
         if self._step_start is not None and decode_only:
             step_start, num_scheduled, requests = self._step_start
             if self._uniform.timed(requests, num_scheduled, now - step_start):
-                self.cost_model.add(num_scheduled, now - step_start, requests)
+                self.cost_model.add(num_scheduled, now - step_start)
         self._step_start = (now, num_scheduled_tokens, num_requests) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:

@@ -7,13 +7,6 @@ a line in the token count: kernels pick tile sizes and code paths by the number 
 curve through each token count's quiet time (``CostCurve``). A line fitted to the same
 points summarizes it (``StepCostModel.free_tokens``) for the tree budget and the
 metrics.
-
-A request's own token costs more than a draft token: besides its row of the forward
-pass it is sampled, output and streamed. Where the batch's size varies apart from its
-draft tokens (a batch that drains, a server's arrivals), the model separates the two
-(``request_seconds``, a request's extra over a draft token) and prices a step of R
-requests by ``curve_at(R)``; priced by total tokens alone, the slope the fit reads off a
-draining batch is a request's, and the cut would price a draft token as one.
 """
 
 from __future__ import annotations
@@ -31,17 +24,6 @@ WINDOW = 512
 REFIT_INTERVAL = 16
 #: The quantile of a token count's pass times that the fit uses (the quiet passes).
 QUIET_QUANTILE = 0.25
-#: Passes a token count needs to be a knot of the curve: the quiet time of one or two
-#: passes is often a slowed one, and at the largest count timed (rare, in a batch that
-#: drains) nothing after it would pool it down.
-MIN_KNOT_PASSES = 3
-#: The spread of the batch's size apart from its token count (the standard deviation of
-#: the requests left over by a line in the tokens) below which a request's extra cost is
-#: not fitted: every step of a batch without drafts has as many requests as tokens.
-MIN_REQUEST_SPREAD = 1.0
-#: A request's extra cost is fitted at most this many draft tokens' (a draft token runs
-#: every layer a request's token does; what is past that is noise in a short window).
-MAX_REQUEST_EXTRA = 3.0
 
 
 @dataclass(frozen=True)
@@ -65,10 +47,6 @@ class CostCurve:
         outside = np.minimum(n - self.tokens[0], 0) + np.maximum(n - self.tokens[-1], 0)
         return np.maximum(inside + outside * self.slope, 0.0)
 
-    def plus(self, seconds: float) -> CostCurve:
-        """This curve, ``seconds`` longer at every token count."""
-        return CostCurve(self.tokens, self.seconds + seconds, self.slope)
-
     def extended_by(self, shape: CostCurve) -> CostCurve:
         """This curve, continued past its last knot by the rises of ``shape`` (the
         start-up measurement's, where the online passes never went), and beyond both by
@@ -87,7 +65,6 @@ class StepCostModel:
 
     def __init__(self, window: int = WINDOW):
         self._tokens = np.zeros(window)
-        self._requests = np.zeros(window)
         self._seconds = np.zeros(window)
         self._count = 0
         self._fitted_at = 0
@@ -97,15 +74,11 @@ class StepCostModel:
         #: (yet) the start-up measurement (nan: neither)
         self.fixed_seconds = math.nan
         self.token_seconds = math.nan
-        #: what a request's own token costs more than a draft token (0: not fitted)
-        self.request_seconds = 0.0
         self._curve: CostCurve | None = None
 
-    def add(self, num_tokens: int, seconds: float, num_requests: int = 0) -> None:
-        """A pass of ``num_tokens`` for ``num_requests`` (0: not known) took ``seconds``."""
+    def add(self, num_tokens: int, seconds: float) -> None:
         slot = self._count % len(self._tokens)
         self._tokens[slot] = num_tokens
-        self._requests[slot] = num_requests
         self._seconds[slot] = seconds
         self._count += 1
 
@@ -129,9 +102,9 @@ class StepCostModel:
         (``free_tokens`` may still be infinite)."""
         return self._count >= MIN_SAMPLES or not math.isnan(self._prior[1])
 
-    def free_tokens(self, num_requests: int = 0) -> float:
-        """(a + ``request_seconds`` R) / b: a pass of ``num_requests`` R's fixed cost in
-        units of one draft token's marginal cost, by the line.
+    def free_tokens(self) -> float:
+        """a / b: the pass's fixed cost in units of one token's marginal cost, by the
+        line.
 
         Infinite (no cut) until ``MIN_SAMPLES`` passes were timed (unless a start-up
         measurement stands in), when the token counts did not vary, or when the fitted
@@ -140,24 +113,16 @@ class StepCostModel:
         self._refit_if_due()
         if not self.token_seconds > 0:  # nan or not positive
             return math.inf
-        fixed = self.fixed_seconds + self.request_seconds * num_requests
-        return max(fixed, 0.0) / self.token_seconds
+        return max(self.fixed_seconds, 0.0) / self.token_seconds
 
     def curve(self) -> CostCurve | None:
-        """The step's seconds by token count, less ``request_seconds`` a request (None:
-        nothing timed or measured yet)."""
+        """The step's seconds by token count (None: nothing timed or measured yet)."""
         self._refit_if_due()
         return self._curve
 
-    def curve_at(self, num_requests: int) -> CostCurve | None:
-        """The seconds of a step of ``num_requests`` by its token count."""
-        curve = self.curve()
-        return None if curve is None else curve.plus(self.request_seconds * num_requests)
-
     def by_token_count(self) -> list[dict]:
         """For reports: each token count among the recent passes, how many were timed,
-        their mean and quiet times less ``request_seconds`` a request, and what the
-        curve prices that at (seconds)."""
+        their mean and quiet times, and what the curve prices it at (seconds)."""
         values, passes, quiet, mean = self._times_by_count()
         curve = self.curve()
         priced = [None] * len(values) if curve is None else curve(values).tolist()
@@ -166,10 +131,9 @@ class StepCostModel:
 
     def _times_by_count(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The recent passes by token count: the counts, passes per count, and each
-        count's quiet (``QUIET_QUANTILE``) and mean time, less ``request_seconds`` a
-        request."""
+        count's quiet (``QUIET_QUANTILE``) and mean time."""
         n = self._tokens[: self._count]
-        t = self._seconds[: self._count] - self.request_seconds * self._requests[: self._count]
+        t = self._seconds[: self._count]
         order = np.lexsort((t, n))
         values, first, passes = np.unique(n[order], return_index=True, return_counts=True)
         quiet = t[order][first + ((passes - 1) * QUIET_QUANTILE).astype(np.int64)]
@@ -184,9 +148,7 @@ class StepCostModel:
             self._fitted_at = self._count
 
     def _refit(self) -> None:
-        """The curve through each token count's lower quartile of times (of counts timed
-        ``MIN_KNOT_PASSES`` times), and the line through all of them (by tokens and
-        requests where they varied apart, ``_fit_by_requests``).
+        """The curve and the line through each token count's lower quartile of times.
 
         Another process on the machine only ever slows a pass down, and a few slow
         passes at a rare, long token count would tilt a plain fit; a low quantile per
@@ -195,14 +157,10 @@ class StepCostModel:
         rarely yields to its neighbours), as more tokens never take less compute.
         """
         self.fixed_seconds, self.token_seconds = self._prior
-        by_requests = self._fit_by_requests()
-        self.request_seconds = 0.0 if by_requests is None else by_requests[2]
         values, weights, quantile, _ = self._times_by_count()
         mean_n = np.average(values, weights=weights)
         variance = np.average((values - mean_n) ** 2, weights=weights)
-        if by_requests is not None:
-            self.fixed_seconds, self.token_seconds = by_requests[:2]
-        elif variance >= 1e-9:
+        if variance >= 1e-9:
             mean_t = np.average(quantile, weights=weights)
             slope = np.average((values - mean_n) * (quantile - mean_t),
                                weights=weights) / variance
@@ -211,52 +169,9 @@ class StepCostModel:
             self.token_seconds = float(slope)
             self.fixed_seconds = float(mean_t - slope * mean_n)
         beyond_slope = self.token_seconds if self.token_seconds > 0 else 0.0  # nan: not > 0
-        knots = weights >= MIN_KNOT_PASSES
-        if knots.sum() < 2:
-            knots[:] = True
-        curve = CostCurve(values[knots], _non_decreasing(quantile[knots], weights[knots]),
-                          beyond_slope)
+        curve = CostCurve(values, _non_decreasing(quantile, weights), beyond_slope)
         self._curve = curve if self._prior_curve is None else curve.extended_by(
             self._prior_curve)
-
-    def _fit_by_requests(self) -> tuple[float, float, float] | None:
-        """The line t = a + b n + c R through the passes' ``QUIET_QUANTILE`` (n tokens,
-        R requests), c (what a request's token costs more than a draft token) within
-        [0, ``MAX_REQUEST_EXTRA`` b]; None where the requests did not vary apart from
-        the tokens (nor the tokens at all), were not told, or b is not positive."""
-        tokens = self._tokens[: self._count]
-        requests = self._requests[: self._count]
-        if not requests.all():
-            return None
-        centred = tokens - tokens.mean()
-        variance = float(centred @ centred)
-        if not variance > 0:
-            return None
-        spread = requests - requests.mean() - centred * float(centred @ requests) / variance
-        if np.sqrt(np.mean(spread ** 2)) < MIN_REQUEST_SPREAD:
-            return None
-        features = np.column_stack((np.ones_like(tokens), tokens, requests))
-        fixed, token, extra = _quantile_regression(
-            features, self._seconds[: self._count], QUIET_QUANTILE).tolist()
-        if not token > 0:
-            return None
-        return fixed, token, min(max(extra, 0.0), MAX_REQUEST_EXTRA * token)
-
-
-def _quantile_regression(features: np.ndarray, values: np.ndarray, quantile: float,
-                         iterations: int = 20) -> np.ndarray:
-    """The coefficients whose ``quantile`` of residuals is 0, by iteratively reweighted
-    least squares (1.5 ms for 512 passes and three columns on a 2-core CPU, every
-    ``REFIT_INTERVAL`` passes). A quantile, not a mean: other processes only ever slow
-    a pass down."""
-    coefficients = np.linalg.lstsq(features, values, rcond=None)[0]
-    floor = 1e-6 * max(float(np.abs(values).mean()), 1e-12)
-    for _ in range(iterations):
-        residuals = values - features @ coefficients
-        weighted = features * (np.where(residuals > 0, quantile, 1 - quantile)
-                               / np.maximum(np.abs(residuals), floor))[:, None]
-        coefficients = np.linalg.solve(weighted.T @ features, weighted.T @ values)
-    return coefficients
 
 
 def _non_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
