@@ -659,17 +659,6 @@ def test_replay_copy_oracle_copies_only_after_its_min_match():
     assert replay(lambda: CopyOracleReplayer(spec), trace) == [(6, 4, 2, 0.0)]
 
 
-def test_replay_step_cost_option_names_its_format():
-    import argparse
-
-    from benchmarks.replay.loop import StepCost
-
-    assert StepCost.parse("30,1.1")(10) == pytest.approx(0.041)
-    for bad in ("30", "a,b", "30,0", "-1,2"):
-        with pytest.raises(argparse.ArgumentTypeError, match="--step-cost"):
-            StepCost.parse(bad)
-
-
 def test_replay_run_writes_its_table_into_a_run_folder(tmp_path, monkeypatch, capsys):
     import datetime
 
