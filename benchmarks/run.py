@@ -74,8 +74,9 @@ def positive_ints(text: str) -> list[int]:
 
 
 def seed_list(text: str) -> list[int]:
+    """Distinct non-negative integers; an empty item (``1,,2``) is refused."""
     try:
-        values = [int(item) for item in comma_list()(text)]
+        values = [int(item) for item in text.split(",")]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected integers like 0,1,2: {text!r}") from exc
     if not values or min(values) < 0 or len(set(values)) < len(values):

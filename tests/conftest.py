@@ -52,6 +52,11 @@ STRESSED = {**ENGINE_KWARGS, "max_model_len": 512, "enable_chunked_prefill": Tru
             "max_num_batched_tokens": 64, "kv_cache_memory_bytes": _KV_BYTES_1024_TOKENS}
 
 
+def mtad(model: str, **options) -> dict:
+    """MTAD's speculative config with ``model`` as auxiliary, K = 4."""
+    return {"method": "mtad", "model": model, "num_speculative_tokens": 4, **options}
+
+
 #: The test files that start the most engines (by ``--durations``), slowest first: they
 #: are collected first, so that with one file per process (scripts/test.sh: pytest-xdist,
 #: ``--dist loadfile --no-loadscope-reorder``) the processes finish together instead of

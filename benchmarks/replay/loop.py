@@ -4,6 +4,7 @@ a batch of requests at a time, on an optional simulated clock."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,9 +42,10 @@ class StepCost:
             raise argparse.ArgumentTypeError(
                 "--step-cost expects FIXED_MS,TOKEN_MS[,DRAFT_MS] (e.g. 30,1.1), "
                 f"got {text!r}") from None
-        if values[0] < 0 or min(values[1:]) <= 0:
+        if not all(map(math.isfinite, values)) or values[0] < 0 or min(values[1:]) <= 0:
             raise argparse.ArgumentTypeError(
-                f"--step-cost: FIXED_MS must be >= 0, TOKEN_MS and DRAFT_MS > 0, got {text!r}")
+                "--step-cost: FIXED_MS must be >= 0, TOKEN_MS and DRAFT_MS > 0 (finite), "
+                f"got {text!r}")
         return cls(*(value / 1e3 for value in values))
 
     @property
