@@ -62,24 +62,26 @@ def prompt_counts(text: str) -> dict[str, int]:
     return counts
 
 
-def positive_ints(text: str) -> list[int]:
-    """A comma list of positive integers; an empty item (``1,,2``) is refused."""
+def _integers(text: str, example: str) -> list[int]:
+    """A comma list of integers; an empty item (``1,,2``) is refused."""
     try:
-        values = [int(item) for item in text.split(",")]
+        return [int(item) for item in text.split(",")]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,4,16: {text!r}") from exc
-    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers like {example}: {text!r}") from exc
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma list of positive integers."""
+    values = _integers(text, "1,4,16")
+    if min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
     return values
 
 
 def seed_list(text: str) -> list[int]:
-    """Distinct non-negative integers; an empty item (``1,,2``) is refused."""
-    try:
-        values = [int(item) for item in text.split(",")]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected integers like 0,1,2: {text!r}") from exc
-    if not values or min(values) < 0 or len(set(values)) < len(values):
+    """Distinct non-negative integers."""
+    values = _integers(text, "0,1,2")
+    if min(values) < 0 or len(set(values)) < len(values):
         raise argparse.ArgumentTypeError(f"expected distinct non-negative integers: {text!r}")
     return values
 
