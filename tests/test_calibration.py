@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
-from vllm_lookahead.lookahead.calibration import AcceptanceCalibration
+from vllm_lookahead.lookahead.calibration import AcceptanceCalibration, calibrated
 from vllm_lookahead.lookahead.cut import CostAwareCut
 from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.sources.draft import NUM_TOKEN_CLASSES, SUPPORT_BINS, Draft
@@ -18,17 +18,22 @@ from vllm_lookahead.metrics import ProposerStats
 K = 8
 
 
+def calibrate(calibration: AcceptanceCalibration, estimates: np.ndarray) -> np.ndarray:
+    """The cut's calibration of one draft's estimates."""
+    return calibrated(estimates, calibration.factors())
+
+
 def test_without_evidence_estimates_are_kept():
     estimates = np.array([0.95, 0.9, 0.6, 0.2])
-    np.testing.assert_allclose(AcceptanceCalibration(0.99).apply(estimates), estimates)
+    np.testing.assert_allclose(calibrate(AcceptanceCalibration(0.99), estimates), estimates)
 
 
 def test_an_over_estimated_bin_is_scaled_to_what_it_matched():
     calibration = AcceptanceCalibration(0.99)
     for _ in range(200):  # tokens estimated at 0.95 matched half the time
         calibration.add(np.array([0.95, 0.95]), np.array([True, False]))
-    assert 0.45 < calibration.apply(np.array([0.95]))[0] < 0.55
-    assert calibration.apply(np.array([0.6]))[0] == 0.6  # no evidence in its bin
+    assert 0.45 < calibrate(calibration, np.array([0.95]))[0] < 0.55
+    assert calibrate(calibration, np.array([0.6]))[0] == 0.6  # no evidence in its bin
 
 
 def test_estimates_are_never_raised_and_stay_non_increasing_along_a_draft():
@@ -36,7 +41,7 @@ def test_estimates_are_never_raised_and_stay_non_increasing_along_a_draft():
     for _ in range(200):
         calibration.add(np.array([0.95]), np.array([False]))  # top bin: never matched
         calibration.add(np.array([0.35]), np.array([True]))  # 0.3 bin: always
-    calibrated = calibration.apply(np.array([0.97, 0.35]))
+    calibrated = calibrate(calibration, np.array([0.97, 0.35]))
     assert calibrated[0] < 0.1
     assert calibrated[1] <= calibrated[0]  # not raised, and not above the token before
 
@@ -45,10 +50,10 @@ def test_without_new_evidence_the_prior_returns():
     calibration = AcceptanceCalibration(0.9)
     for _ in range(200):
         calibration.add(np.array([0.95]), np.array([False]))
-    before = calibration.apply(np.array([0.95]))[0]
+    before = calibrate(calibration, np.array([0.95]))[0]
     for _ in range(100):
         calibration.decay()
-    assert before < 0.2 and calibration.apply(np.array([0.95]))[0] > 0.9
+    assert before < 0.2 and calibrate(calibration, np.array([0.95]))[0] > 0.9
 
 
 def context_draft(tokens: list[int]) -> Draft:

@@ -21,6 +21,7 @@ under sampling it is a draw of one.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 #: Bins of the estimated acceptance, [0, 0.1), ..., [0.9, 1].
@@ -29,14 +30,38 @@ NUM_BINS = 10
 PRIOR_TOKENS = 20.0
 
 
-def _bins(estimates: np.ndarray) -> np.ndarray:
-    return np.minimum((estimates * NUM_BINS).astype(np.int64), NUM_BINS - 1)
+@numba.njit(cache=True, nogil=True)
+def _bin(estimate):
+    return min(int(estimate * NUM_BINS), NUM_BINS - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_binned(tokens, expected, matched, estimates, hits):
+    """``AcceptanceCalibration.add`` (compiled: it runs for every draft settled in a
+    step, where numpy's indexed adds cost microseconds each)."""
+    for i in range(len(estimates)):
+        b = _bin(estimates[i])
+        tokens[b] += 1.0
+        expected[b] += estimates[i]
+        matched[b] += hits[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def calibrated(estimates, factors):
+    """A draft's estimates each scaled by its bin's ``factors``, then made non-increasing
+    along the draft: a later token is accepted only with the ones before it."""
+    out = np.empty_like(estimates)
+    lowest = np.inf
+    for i in range(len(estimates)):
+        lowest = min(lowest, estimates[i] * factors[_bin(estimates[i])])
+        out[i] = lowest
+    return out
 
 
 class AcceptanceCalibration:
     """Tokens by bin of their estimated acceptance: how many, their estimates summed and
     how many the text matched, decayed by ``decay`` a step (1: kept whole). Per sampling
-    class, the cut's correction (``apply``, by the uncalibrated estimates, decayed like
+    class, the cut's correction (``factors``, by the uncalibrated estimates, decayed like
     the estimates it corrects); once per worker, the report of the calibrated estimates
     of what the cut kept (``table``)."""
 
@@ -53,27 +78,20 @@ class AcceptanceCalibration:
 
     def add(self, estimates: np.ndarray, matched: np.ndarray) -> None:
         """A settled draft's kept tokens: their estimates, and which the text matched."""
-        bins = _bins(estimates)
-        np.add.at(self.tokens, bins, 1)
-        np.add.at(self.expected, bins, estimates)
-        np.add.at(self.matched, bins, matched)
+        _count_binned(self.tokens, self.expected, self.matched, estimates, matched)
 
-    def apply(self, estimates: np.ndarray) -> np.ndarray:
-        """Each estimate scaled down by its bin's matched over expected tokens where that
-        is below 1 (smoothed by ``PRIOR_TOKENS`` on the mark), then made non-increasing
-        along the draft: a later token is accepted only with the ones before it.
+    def factors(self) -> np.ndarray:
+        """Each bin's correction: its matched over expected tokens where that is below 1
+        (smoothed by ``PRIOR_TOKENS`` on the mark), for ``calibrated``.
 
-        Never scaled up: a bin pools the tokens of all requests, and where a bin's
-        tokens matched more often than estimated, it is some requests' (a copied span
-        after free text) that the requests' own records already tell from the others';
+        Never above 1: a bin pools the tokens of all requests, and where a bin's tokens
+        matched more often than estimated, it is some requests' (a copied span after
+        free text) that the requests' own records already tell from the others';
         raising the whole bin would draft for the others too."""
-        if not len(estimates):
-            return estimates
-        bins = _bins(estimates)
         centre = (np.arange(NUM_BINS) + 0.5) / NUM_BINS
         ratio = ((self.matched + PRIOR_TOKENS * centre)
                  / (self.expected + PRIOR_TOKENS * centre))
-        return np.minimum.accumulate(estimates * np.minimum(ratio[bins], 1.0))
+        return np.minimum(ratio, 1.0)
 
     def table(self) -> list[dict]:
         """One row per bin with tokens: its range, tokens, mean estimate, matched rate."""

@@ -22,15 +22,12 @@ import logging
 import math
 import time
 
+import numba
 import numpy as np
 
 from vllm_lookahead.log import get_logger
-from vllm_lookahead.lookahead.budget import (
-    StepPlan,
-    WorkerEstimates,
-    cut_to_budget,
-    survival_along,
-)
+from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates, cut_to_budget
+from vllm_lookahead.lookahead.calibration import calibrated
 from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.state import RequestState
 from vllm_lookahead.lookahead.step_cost import StepCostModel
@@ -59,6 +56,8 @@ class CostAwareCut:
         self._cost_model = cost_model
         self._stats = stats
         self._log = CutLog()
+        _draft_estimates(np.zeros(1, dtype=np.int64), 1.0, np.ones((1, 1)),
+                         np.ones(1))  # compiled before the first request
 
     def apply(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
               plan: StepPlan) -> None:
@@ -76,13 +75,11 @@ class CostAwareCut:
         kept_estimates: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(main)
         if not plan.fill and plan.step_cost is not None:
             estimates = self._estimates(classes, first_estimates, states)
-            calibrated = [self._calibrations[state.sampling_class].apply(estimate)
-                          for state, estimate in zip(states, estimates)]
             self._stats.cut_tokens += cut_to_budget([draft.tokens for draft in main],
-                                                    calibrated, plan.step_cost,
-                                                    self._exposure(main, plan))
+                                                    [fitted for _, fitted in estimates],
+                                                    plan.step_cost, self._exposure(main, plan))
             kept_estimates = [(raw[: len(draft.tokens)], fitted[: len(draft.tokens)])
-                              for raw, fitted, draft in zip(estimates, calibrated, main)]
+                              for (raw, fitted), draft in zip(estimates, main)]
         for b, state in enumerate(states):
             state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
                                     len(main[b].tokens), state.max_draft, first_estimates[b],
@@ -100,18 +97,32 @@ class CostAwareCut:
         return max(MIN_EXPOSURE, longest, free, int(EXPOSURE_PER_CHECKED_TOKEN * checked))
 
     def _estimates(self, classes: list[np.ndarray], first_estimates: list[float],
-                   states: list[RequestState]) -> list[np.ndarray]:
+                   states: list[RequestState]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each draft token's acceptance, by calibration class (its source and support
         bin): the first token's by the worker's ``first_estimates`` scaled by its
         request's own record, the later ones by the acceptance by depth of tokens of the
-        same classes, among requests of the same sampling class (before
-        ``calibration.py`` corrects the product)."""
-        rates = {c: self._depth_acceptance[c].conditional_rates()
-                 for c in {state.sampling_class for state in states}}
-        return [state.first_token_rate(estimate)
-                * survival_along(rates[state.sampling_class], token_classes)
-                if len(token_classes) else np.zeros(0)
+        same classes, among requests of the same sampling class; before and after
+        ``calibration.py`` corrects the product."""
+        by_class = {c: (self._depth_acceptance[c].conditional_rates(),
+                        self._calibrations[c].factors())
+                    for c in {state.sampling_class for state in states}}
+        return [_draft_estimates(token_classes, state.first_token_rate(estimate),
+                                 *by_class[state.sampling_class])
+                if len(token_classes) else (np.zeros(0), np.zeros(0))
                 for state, token_classes, estimate in zip(states, classes, first_estimates)]
+
+
+@numba.njit(cache=True, nogil=True)
+def _draft_estimates(classes, first_rate, rates, factors):
+    """``first_rate`` times the survival along the draft's token classes by the
+    conditional ``rates`` (``budget.survival_along``), before and after ``calibrated``
+    by ``factors`` (compiled: every draft of every step)."""
+    raw = np.empty(len(classes))
+    survival = 1.0
+    for j in range(len(classes)):
+        survival *= rates[classes[j], j]
+        raw[j] = first_rate * survival
+    return raw, calibrated(raw, factors)
 
 
 class CutLog:

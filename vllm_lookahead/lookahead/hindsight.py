@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 
@@ -83,16 +84,31 @@ class Hindsight:
             if end <= first:
                 still_pending.append(draft)
                 continue
-            generated = context[draft.start + first : draft.start + end]
-            differs = np.flatnonzero(generated != draft.tokens[first:end])
-            confirmed = int(differs[0]) if len(differs) else end - first
-            draft.matched = first + confirmed
+            draft.matched = _matching_prefix(context, draft.start, draft.tokens, first, end)
+            confirmed, differs = draft.matched - first, draft.matched < end
             cut_confirmed = max(0, draft.matched - max(first, draft.kept))
-            compared = confirmed + (1 if len(differs) else 0)
-            settled = len(differs) or draft.matched == len(draft.tokens)
+            compared = confirmed + (1 if differs else 0)
+            settled = differs or draft.matched == len(draft.tokens)
             outcomes.append(Outcome(first, compared, confirmed, cut_confirmed, draft.classes,
                                     draft.first_estimate, draft if settled else None))
             if not settled:
                 still_pending.append(draft)
         self.pending = still_pending
         return outcomes
+
+
+@numba.njit(cache=True, nogil=True)
+def _matching_prefix(context, start, tokens, first, end):
+    """The end of the run of ``tokens[first:end]`` equal to the context from
+    ``start + first`` (compiled: every pending draft of every request, every step)."""
+    for j in range(first, end):
+        if context[start + j] != tokens[j]:
+            return j
+    return end
+
+
+def warm_up() -> None:
+    """Compile ``settle``'s comparison for the contexts vLLM (int32) and the replay
+    (int64) hand over, before the first request."""
+    for dtype in (np.int32, np.int64):
+        _matching_prefix(np.zeros(1, dtype=dtype), 0, np.zeros(1, dtype=np.int64), 0, 1)

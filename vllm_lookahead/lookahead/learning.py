@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_lookahead.lookahead import feedback, trees
+from vllm_lookahead.lookahead import feedback, hindsight, trees
 from vllm_lookahead.lookahead.budget import WorkerEstimates
 from vllm_lookahead.lookahead.calibration import AcceptanceCalibration
-from vllm_lookahead.lookahead.hindsight import ProposedDraft
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.drafts import DraftSources
 from vllm_lookahead.lookahead.state import DecodingRows, RequestState, RequestStates
@@ -40,6 +39,7 @@ class PassLearner:
         self._estimates = estimates
         self._stats = stats
         self._calibration = calibration
+        hindsight.warm_up()
 
     def keep_capture(self, capture: VerificationCapture) -> None:
         """The pass's verification, read at the next step."""
@@ -107,7 +107,7 @@ class PassLearner:
             if outcome.settled is not None:
                 self._calibrate(state, outcome.settled)
 
-    def _calibrate(self, state: RequestState, draft: ProposedDraft) -> None:
+    def _calibrate(self, state: RequestState, draft: hindsight.ProposedDraft) -> None:
         """A settled draft's kept tokens against the text: into the calibration of its
         sampling class's next estimates (by their uncalibrated estimates) and into the
         report (by the calibrated ones the cut used)."""
