@@ -134,3 +134,45 @@ def test_hindsight_hands_over_a_draft_once_every_token_is_settled():
     (second,) = hindsight.settle(context, num_tokens=6)  # 6 matched, 7 did not
     assert second.settled is not None and second.settled.kept_estimates is kept
     assert second.settled.hits().tolist() == [True, True, False]
+
+
+def test_the_compiled_counts_and_estimates_equal_their_numpy_statement():
+    """Guards the compiled kernels that count settled drafts and estimate the cut's
+    tokens (``calibration.py``, ``budget.py``, ``cut.py``): equal to the numpy they
+    replaced, to the bit, at the bins' edges too (the proposer's decisions must not
+    move)."""
+    from vllm_lookahead.lookahead.budget import AcceptanceByDepth, survival_along
+    from vllm_lookahead.lookahead.cut import _draft_estimates
+
+    rng = np.random.default_rng(0)
+    estimates = np.concatenate(([0.0, 0.1, 0.3, 0.7, 0.9, 1.0], rng.random(200)))
+    hits = rng.random(len(estimates)) < 0.5
+    calibration = AcceptanceCalibration()
+    for start in range(0, len(estimates), 7):  # drafts of 7 tokens, one after another
+        calibration.add(estimates[start:start + 7], hits[start:start + 7])
+    bins = np.minimum((estimates * 10).astype(np.int64), 9)
+    for counted, values in ((calibration.tokens, 1.0), (calibration.expected, estimates),
+                            (calibration.matched, hits)):
+        reference = np.zeros(10)
+        np.add.at(reference, bins, values)
+        assert np.array_equal(counted, reference)
+    factors = calibration.factors()
+    assert np.array_equal(calibrated(estimates, factors),
+                          np.minimum.accumulate(estimates * factors[bins]))
+
+    classes = rng.integers(0, NUM_TOKEN_CLASSES, K)
+    depth = AcceptanceByDepth(K, NUM_TOKEN_CLASSES, group_size=SUPPORT_BINS)
+    reached, accepted = np.zeros((NUM_TOKEN_CLASSES, K)), np.zeros((NUM_TOKEN_CLASSES, K))
+    for first, compared, confirmed in ((0, 3, 2), (1, 7, 7), (2, 4, 0), (0, 8, 5)):
+        depth.add(first, compared, confirmed, classes)
+        checked = np.arange(first, first + compared)
+        np.add.at(reached, (classes[checked], checked), 1)
+        np.add.at(accepted, (classes[checked][:confirmed], checked[:confirmed]), 1)
+    assert np.array_equal(depth._reached, reached)
+    assert np.array_equal(depth._accepted, accepted)
+    rates = depth.conditional_rates()
+    raw, fitted = _draft_estimates(classes, 0.7, rates, factors)
+    assert np.array_equal(raw, 0.7 * survival_along(rates, classes))
+    assert np.array_equal(fitted, np.minimum.accumulate(raw * factors[np.minimum(
+        (raw * 10).astype(np.int64), 9)]))
+
