@@ -189,8 +189,8 @@ def _smoothed(accepted, reached, prior):
 
 
 def survival_along(rates: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """``AcceptanceByDepth.survival`` from its ``conditional_rates`` (computed once a
-    step, for every draft of the sampling class)."""
+    """``AcceptanceByDepth.survival`` from its ``conditional_rates`` (the cut computes
+    the same, compiled, in ``cut._draft_estimates``)."""
     return np.cumprod(rates[classes, np.arange(len(classes))])
 
 
