@@ -41,9 +41,9 @@ def test_estimates_are_never_raised_and_stay_non_increasing_along_a_draft():
     for _ in range(200):
         calibration.add(np.array([0.95]), np.array([False]))  # top bin: never matched
         calibration.add(np.array([0.35]), np.array([True]))  # 0.3 bin: always
-    calibrated = calibrate(calibration, np.array([0.97, 0.35]))
-    assert calibrated[0] < 0.1
-    assert calibrated[1] <= calibrated[0]  # not raised, and not above the token before
+    fitted = calibrate(calibration, np.array([0.97, 0.35]))
+    assert fitted[0] < 0.1
+    assert fitted[1] <= fitted[0]  # not raised, and not above the token before
 
 
 def test_without_new_evidence_the_prior_returns():
