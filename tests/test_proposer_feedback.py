@@ -12,7 +12,11 @@ from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.sources.rescoring import rescored
 from vllm_lookahead.lookahead.state import RequestState
-from vllm_lookahead.worker.sampler import _observe_last_positions, capture_verification
+from vllm_lookahead.worker.sampler import (
+    _observe_last_positions,
+    capture_verification,
+    row_argmax,
+)
 
 def test_jacobi_harvest_reads_predictions_after_the_first_rejection():
     proposer, runner = make_proposer(k=4, ngram_size=3, suffix_match_min=2)
@@ -154,6 +158,23 @@ def test_last_position_top_k_is_taken_before_the_sampler_changes_the_logits():
         torch.tensor([[0.0, 2.0, 1.0, -1.0]]), -1).topk(2, -1)
     assert drafter.seen[0] == expected_ids.tolist() == [[1, 2]]
     assert torch.allclose(drafter.seen[1], expected_logprobs)
+
+
+def test_the_captured_argmax_is_torchs_first_largest_value():
+    """Tree rows emit the capture's argmax: on the CPU it is numpy's, which must pick
+    what torch's does, ties (the first), infinities and NaN (the first NaN) included."""
+    rows = torch.randn(6, 4099, generator=torch.Generator().manual_seed(0))
+    rows[0, [7, 900, 4000]] = 50.0  # a tie: the first
+    rows[1] = -torch.inf
+    rows[2, [3, 11]] = torch.nan
+    rows[3, [5, 6]] = torch.tensor([0.0, -0.0]) + 99.0
+    rows[4, 4098] = torch.inf
+    for logits in (rows, rows[::2], rows[:, :4000], rows[:0]):
+        captured = capture_verification(torch.zeros(len(logits), dtype=torch.long),
+                                        [len(logits)], logits, torch.tensor([[0]]))
+        assert captured.target_argmax.dtype == torch.int64
+        assert captured.target_argmax.tolist() == logits.argmax(-1).tolist()
+    assert row_argmax(rows.half()).tolist() == rows.half().argmax(-1).tolist()
 
 
 def test_capture_top_k_log_probabilities():
