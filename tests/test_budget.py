@@ -14,6 +14,7 @@ from vllm_lookahead.lookahead.budget import (
     AcceptanceByDepth,
     TreeYield,
     affordable_draft_lengths,
+    any_token_affordable,
     cut_to_budget,
     sampling_class,
 )
@@ -194,6 +195,29 @@ def test_the_cut_keeps_only_tokens_that_save_more_than_they_cost():
         estimates = [np.array([acceptance])] * 64
         cut = cut_to_budget(drafts, estimates, step)
         assert (cut, sum(map(len, drafts))) == (64 * (1 - kept), 64 * kept)
+
+
+def test_a_step_where_no_certain_token_pays_keeps_no_draft():
+    """``any_token_affordable``: 64 requests on a line of 10 free tokens cannot pay for a
+    token even were it certain (each costs 74 / 64 of a request's share of the step, an
+    accepted one saves ``ACCEPTED_TOKEN_WORTH`` of it); on 20 they can. It says no
+    exactly where the cut keeps no certain token, and then the cut keeps no token of
+    any drafts within the bounds, whatever their estimates."""
+    bounds = np.full(64, 24)
+    assert not any_token_affordable(bounds, linear_cost(10.0))
+    assert any_token_affordable(bounds, linear_cost(20.0))
+    assert not any_token_affordable(np.zeros(3, dtype=np.int64), linear_cost(20.0))
+    rng = np.random.default_rng(0)
+    for free_tokens in np.linspace(0.0, 40.0, 41):
+        step = linear_cost(float(free_tokens))
+        certain = [[7] * 24 for _ in range(64)]
+        kept = 64 * 24 - cut_to_budget(certain, [np.ones(24)] * 64, step)
+        assert any_token_affordable(bounds, step) == (kept > 0)
+        if not kept:
+            lengths = rng.integers(0, 25, size=64)
+            drafts = [[7] * int(n) for n in lengths]
+            estimates = [np.sort(rng.uniform(0.0, 1.0, size=int(n)))[::-1] for n in lengths]
+            assert cut_to_budget(drafts, estimates, step) == lengths.sum()
 
 
 def test_the_cut_follows_the_measured_curve_where_a_line_would_not():

@@ -153,6 +153,36 @@ def test_a_wave_of_new_requests_does_not_draft_on_untested_estimates(step_cost):
     assert default >= 0.95 * tokens_per_second(lambda: NoDraftReplayer(None, 64))
 
 
+def test_a_load_where_no_draft_token_can_pay_is_not_drafted():
+    """64 HumanEval requests at once where a token costs what a request's row does
+    (VERY_EXPENSIVE): an accepted token would save at most ``ACCEPTED_TOKEN_WORTH`` of
+    its cost, so no draft can pay while more than 4 requests decode. Those steps are
+    counted and not drafted (the sources are not asked), and the batch decodes at no
+    speculation's pace; two requests at a time on the same clock draft every step."""
+    trace = [Request(**row) for row in json.loads(LOAD_TRACE.read_text())
+             if row["dataset"] == "humaneval"]
+    drafted_steps: list[int] = []
+
+    def run(batch_size: int, requests: list[Request]):
+        replayer = LookaheadReplayer(DEFAULT, batch_size)
+        sources = replayer.proposer._sources
+        draft = sources.draft
+        sources.draft = lambda *args: drafted_steps.append(len(args[0])) or draft(*args)
+        results = replay(lambda: replayer, requests, VERY_EXPENSIVE)
+        none = replay(lambda: NoDraftReplayer(None, batch_size), requests, VERY_EXPENSIVE)
+        speeds = [summarize(requests, rows)["all"][2] for rows in (results, none)]
+        return replayer.proposer.stats, speeds
+
+    stats, (default, none) = run(64, trace)
+    assert stats.undrafted_steps + len(drafted_steps) == stats.steps
+    assert stats.undrafted_steps > 0.9 * stats.steps
+    assert all(requests <= 4 for requests in drafted_steps)
+    assert default >= 0.99 * none
+    drafted_steps.clear()
+    stats, _ = run(2, trace[:6])
+    assert stats.undrafted_steps == 0 and len(drafted_steps) == stats.steps > 0
+
+
 def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch, caplog):
     from vllm_lookahead.lookahead import cut
 

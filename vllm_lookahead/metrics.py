@@ -86,6 +86,9 @@ LOOKAHEAD_COUNTERS = [
      "Steps whose drafts were filled to K for a full CUDA graph (uniform_drafts)."),
     ("vllm:lookahead_tree_steps", "tree_steps",
      "Steps with at least one tree draft (run without CUDA graphs)."),
+    ("vllm:lookahead_undrafted_steps", "undrafted_steps",
+     "Decode steps not drafted: at their load no draft token could pay for its compute, "
+     "even one certain to be accepted (cost-aware cut)."),
 ]
 LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_pool_ngrams", "pool_ngrams",
@@ -182,6 +185,7 @@ class ProposerStats:
     harvested_ngrams: int = 0
     filled_steps: int = 0  # steps whose drafts were filled to K (``uniform_drafts``)
     tree_steps: int = 0  # steps with at least one tree draft
+    undrafted_steps: int = 0  # steps where no draft token could pay (``cut.may_keep_any``)
     recycled_rows: int = 0  # top-k rows written into the recycled table
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)

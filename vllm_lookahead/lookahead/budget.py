@@ -289,14 +289,36 @@ def affordable_draft_lengths(
     prob = np.asarray(first_rates, dtype=np.float64)[owner] * survival[owner, position]
     order = np.argsort(-prob, kind="stable")
     expected = num_requests + worth * np.concatenate(([0.0], np.cumsum(prob[order])))
-    seconds = step_cost(num_requests + np.arange(total + 1))
-    if not seconds[-1] > seconds[0]:  # the tokens look free: keep them all
+    kept = _best_count(expected, step_cost(num_requests + np.arange(total + 1)))
+    if kept is None:  # the tokens look free: keep them all
         return lengths
-    rate = expected / np.maximum(seconds, 1e-12)
-    kept = int(np.flatnonzero(rate >= rate.max() * (1 - 1e-12))[-1])
     if max_kept is not None:
         kept = min(kept, max_kept)
     return np.bincount(owner[order[:kept]], minlength=num_requests)
+
+
+def _best_count(expected: np.ndarray, seconds: np.ndarray) -> int | None:
+    """The count of kept tokens (an index of ``expected`` tokens in ``seconds``) with
+    the most expected tokens a second, the largest on a tie; None where the tokens
+    look free."""
+    if not seconds[-1] > seconds[0]:
+        return None
+    rate = expected / np.maximum(seconds, 1e-12)
+    return int(np.flatnonzero(rate >= rate.max() * (1 - 1e-12))[-1])
+
+
+def any_token_affordable(bounds: np.ndarray, step_cost: CostCurve) -> bool:
+    """Whether ``cut_to_budget`` could keep any token of drafts of up to ``bounds``
+    tokens: whether it keeps some of them were each certain to be accepted (their
+    expected tokens then the count itself: no sort). Where it would keep none of those,
+    it keeps none of any draft: every estimate is at most 1."""
+    num_requests, total = len(bounds), int(np.sum(bounds))
+    if not total:
+        return False
+    counts = np.arange(total + 1)
+    kept = _best_count(num_requests + ACCEPTED_TOKEN_WORTH * counts,
+                       step_cost(num_requests + counts))
+    return kept is None or kept > 0
 
 
 def cut_to_budget(drafts: list[list[int]], estimates: list[np.ndarray],

@@ -26,7 +26,12 @@ import numba
 import numpy as np
 
 from vllm_lookahead.log import get_logger
-from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates, cut_to_budget
+from vllm_lookahead.lookahead.budget import (
+    StepPlan,
+    WorkerEstimates,
+    any_token_affordable,
+    cut_to_budget,
+)
 from vllm_lookahead.lookahead.calibration import calibrated
 from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.state import RequestState
@@ -58,6 +63,19 @@ class CostAwareCut:
         self._log = CutLog()
         _draft_estimates(np.zeros(1, dtype=np.int64), 1.0, np.ones((1, 1)),
                          np.ones(1))  # compiled before the first request
+
+    def may_keep_any(self, bounds: np.ndarray, plan: StepPlan) -> bool:
+        """Whether the step may keep any draft token: not where its load makes every
+        token cost more than it could save, were it certain to be accepted (64 requests
+        a step on a 2-core CPU). Such a step is not drafted (counted): its sources, this
+        cut and the hindsight checks would cost the step time for nothing, and a tree
+        node, costing a token and accepted at most as surely, would not pay either."""
+        if plan.fill or plan.step_cost is None or any_token_affordable(bounds, plan.step_cost):
+            return True
+        self._stats.undrafted_steps += 1
+        self._stats.free_tokens = math.inf if plan.free_tokens is None else plan.free_tokens
+        self._log.maybe_log(self._stats, self._cost_model)
+        return False
 
     def apply(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
               plan: StepPlan) -> None:

@@ -45,7 +45,8 @@ class DraftPlanner:
     def plan(self, runner: Any, decoding: DecodingRows, num_tokens_no_spec: np.ndarray,
              token_ids_cpu: np.ndarray, num_rows: int, trees_on: bool) -> list[list[int]]:
         """Main drafts from the sources, cut to the step's budget, grown into trees or
-        filled to K: one per input-batch row (``num_rows``), empty where none decodes."""
+        filled to K: one per input-batch row (``num_rows``), empty where none decodes,
+        and every one empty where the load leaves no token that could pay."""
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         self.filled = False
         rows, states = decoding.rows, decoding.states
@@ -56,6 +57,11 @@ class DraftPlanner:
         if self._uniform.graph_requests is None:  # the runner's graphs exist by now
             self._uniform.set_graph_requests(runner_state.uniform_graph_requests(runner))
         plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds))
+        if self.options.cost_aware_drafts and not self._cut.may_keep_any(bounds, plan):
+            for state in states:
+                state.draft, state.draft_origin = [], None
+                state.drop_tree()
+            return drafts
         main = self._main_drafts(decoding, token_ids_cpu, num_tokens, bounds, plan.fill)
         if self.options.cost_aware_drafts:
             self._cut.apply(main, states, num_tokens, plan)
