@@ -25,7 +25,7 @@ ACCEPTED = SPEC_DECODE_PREFIX + "num_accepted_tokens"
 ACCEPTED_PER_POS = SPEC_DECODE_PREFIX + "num_accepted_tokens_per_pos"
 #: The proposer's counters a measurement reports (``proposer_delta``).
 PROPOSER_FIELDS = ("steps", "seconds", "kept_tokens_expected", "kept_tokens_matched",
-                   "cut_tokens", "cut_tokens_confirmed")
+                   "cut_tokens", "cut_tokens_confirmed", "undrafted_steps")
 #: The cut's fitted step cost at the end of a measurement (gauges).
 STEP_COST_FIELDS = ("step_fixed_seconds", "step_token_seconds")
 
@@ -169,8 +169,9 @@ def proposer_counters(text: str) -> dict[str, float]:
 def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
     """A measurement's share of the proposer's counters (``ProposerStats`` fields, or
     ``proposer_counters``): steps, seconds, the cut's kept tokens (estimated, matched),
-    its cut tokens (all, and those the text then matched), lookahead's accepted tokens
-    by draft source; and the step cost the cut fitted by the end."""
+    its cut tokens (all, and those the text then matched), the steps it did not draft,
+    lookahead's accepted tokens by draft source; and the step cost the cut fitted by
+    the end."""
     if not before or not after:
         return None
     delta = {field: after[field] - before.get(field, 0) for field in PROPOSER_FIELDS

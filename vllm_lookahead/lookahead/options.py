@@ -101,7 +101,8 @@ class LookaheadOptions(MethodOptions):
         "step's share), at most half the kept tokens "
         "checked lately (at least 32, the longest draft or the free tokens): a burst of "
         "new requests on expensive tokens "
-        "verifies its untested drafts a little at a time. At batch size 1 it rarely cuts. "
+        "verifies its untested drafts a little at a time. A step where not even a "
+        "certain token would pay is not drafted. At batch size 1 it rarely cuts. "
         "Tree nodes (tree_candidates, tree_window) are added only from what is left, at "
         "their cost per node and tree.",
     )
