@@ -73,8 +73,7 @@ class CostAwareCut:
         if plan.fill or plan.step_cost is None or any_token_affordable(bounds, plan.step_cost):
             return True
         self._stats.undrafted_steps += 1
-        self._stats.free_tokens = math.inf if plan.free_tokens is None else plan.free_tokens
-        self._log.maybe_log(self._stats, self._cost_model)
+        self._report(plan)
         return False
 
     def apply(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
@@ -102,6 +101,10 @@ class CostAwareCut:
             state.hindsight.propose(int(num_tokens[b]), proposed[b], classes[b],
                                     len(main[b].tokens), state.max_draft, first_estimates[b],
                                     kept_estimates[b])
+        self._report(plan)
+
+    def _report(self, plan: StepPlan) -> None:
+        """The step's free tokens into the counters; the debug line when one is due."""
         self._stats.free_tokens = math.inf if plan.free_tokens is None else plan.free_tokens
         self._log.maybe_log(self._stats, self._cost_model)
 
