@@ -17,12 +17,12 @@ from conftest import (
     metrics,
     mtad,
     proposer_stats,
-    run_beside_scheduler,
     same_distribution_pvalue,
     sample_tokens,
     shutdown,
     stats_once_idle,
 )
+from scheduler_probe import run_beside_scheduler
 from vllm import LLM, SamplingParams
 
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
@@ -79,6 +79,16 @@ def test_logprobs_come_with_the_accepted_tokens(joint_llm):
     assert len(completion.logprobs) == len(completion.token_ids) == 32
     for token, candidates in zip(completion.token_ids, completion.logprobs):
         assert token in candidates and math.isfinite(candidates[token].logprob)
+
+
+def test_logit_bias_requests_are_served_without_drafts(joint_llm):
+    """vLLM refuses logit_bias under speculation; MTAD serves it through the plain
+    sampler (the bias decides every token here), without drafts, counted."""
+    before = proposer_stats(joint_llm)[0].requests_without_drafts
+    params = greedy(16)
+    params.logit_bias = {7: 100.0}
+    assert generate(joint_llm, make_prompts()[:2], params) == [[7] * 16] * 2
+    assert proposer_stats(joint_llm)[0].requests_without_drafts - before == 2
 
 
 def test_abort_mid_generation_frees_state(joint_llm, llama_reference):

@@ -179,6 +179,32 @@ def test_per_request_options_on_a_server_without_lookahead_are_http_400(servers)
     assert "does not run speculative method 'lookahead'" in response.text
 
 
+def test_requests_vllm_refuses_under_speculation_are_served_streamed_with_echo_and_usage(
+        servers):
+    """logit_bias and min_p (vLLM's speculative servers answer 400) through the OpenAI
+    API, streamed with usage and echoed: plain decoding's answer, counted."""
+    plain, lookahead = servers
+    counter = "vllm:speculative_requests_without_drafts_total"
+    before = lookahead.metric(counter)
+    request = dict(prompt=COMPLETION_PROMPTS[1], max_tokens=48, temperature=0, echo=True,
+                   logit_bias={"7": 4.0, "100": 2.5}, stream=True,
+                   stream_options={"include_usage": True},
+                   extra_body={"ignore_eos": True, "min_p": 0.1})
+
+    def answer(server):
+        chunks = list(server.client.completions.create(
+            model=server.client.models.list().data[0].id, **request))
+        return "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
+
+    (text, usage), expected = answer(lookahead), answer(plain)
+    assert (text, usage) == expected
+    assert text.startswith(COMPLETION_PROMPTS[1]) and usage.completion_tokens == 48
+    deadline = time.monotonic() + 10  # the workers' snapshots are at most a second old
+    while lookahead.metric(counter) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert lookahead.metric(counter) == before + 1
+
+
 def test_lookahead_metrics_move(servers):
     """Pool size and state count rise while a request runs and fall back when it ends."""
     _, lookahead = servers

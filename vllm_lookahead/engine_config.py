@@ -8,15 +8,17 @@ The worker-side touch points are in ``worker/``.
 
 | vLLM attribute | patch | why | verified on |
 |---|---|---|---|
-| ``EngineArgs.create_speculative_config`` | wrapped | rewrites our methods to ``custom_class`` + options; runs the method's start-up check (MTAD: the auxiliary model's vocabulary against the target's) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``EngineArgs.create_speculative_config`` | wrapped | rewrites our methods to ``custom_class`` + options; refuses targets with a recurrent state (``ModelConfig.is_hybrid``, ``.has_inner_state``, ``.is_attention_free``: read); runs the method's start-up check (MTAD: the auxiliary model's vocabulary against the target's) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``EngineArgs.add_cli_args`` | wrapped | ``--speculative-config lookahead`` (bare word), ``--spec-method lookahead``, validation as argparse errors | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``EngineArgs.__init__``, ``AsyncEngineArgs.__init__`` | wrapped | legacy ``speculative_model=`` / ``num_speculative_tokens=`` keywords | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``vllm.v1.engine.input_processor.InputProcessor._validate_params`` | wrapped | checks per-request overrides (``extra_args``) at admission: a bad value is the client's error (HTTP 400), never the engine's | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``vllm.SamplingParams._validate_spec_decode`` | wrapped (our methods only) | admits ``logit_bias`` and ``min_p``, which vLLM refuses under speculation: such requests are served without drafts (``worker/request_support.py``); every other check of vLLM's runs as before. Refuses ``logprob_token_ids``, which vLLM's verifier loses or fails the batch on | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from typing import Any
 
@@ -31,6 +33,7 @@ from vllm_lookahead.options import (
     method_config,
 )
 from vllm_lookahead.vllm_support import SUPPORTED_VLLM, missing_features, vllm_version
+from vllm_lookahead.worker.request_support import undrafted_parameter
 
 logger = get_logger(__name__)
 
@@ -47,6 +50,7 @@ def install() -> None:
     for cls in (EngineArgs, AsyncEngineArgs):
         _patch_legacy_kwargs(cls)
     _patch_request_validation()
+    _patch_speculative_admission()
 
 
 def selected_method(spec: dict[str, Any]) -> Method | None:
@@ -101,6 +105,7 @@ def rewrite_speculative_config(
     if method.takes_model and spec.get("model") is not None:
         values["model"] = spec["model"]  # the method's own model, not vLLM's draft model
     options = options_cls.from_dict(values)
+    check_target_model(method.name, target_model_config)
     method.check(options, target_model_config)  # e.g. a missing model fails here
     num_tokens = check_num_speculative_tokens(
         spec.get("num_speculative_tokens", method.default_k), method.name
@@ -118,6 +123,22 @@ def rewrite_speculative_config(
         "num_speculative_tokens": scheduled,
     }
     return rewritten, additional_config
+
+
+def check_target_model(method: str, target_model_config: Any) -> None:
+    """Refuse a target whose layers keep a recurrent state (state-space or linear
+    attention, alone or beside attention): vLLM's verification does not give plain
+    decoding's tokens on it (on the CPU a hybrid Granite model's output differed with
+    lookahead, and vLLM's own ``ngram`` failed), so no draft may be verified there."""
+    if target_model_config is None:
+        return
+    if any(getattr(target_model_config, flag, False)
+           for flag in ("is_hybrid", "has_inner_state", "is_attention_free")):
+        raise ValueError(
+            f"speculative method {method!r} cannot serve "
+            f"{getattr(target_model_config, 'model', 'this model')}: its state-space or "
+            "linear-attention layers keep a recurrent state that vLLM's speculative "
+            "verification does not keep exact; serve it without speculative decoding")
 
 
 def _speculative_config_fields() -> set[str]:
@@ -243,19 +264,62 @@ def _patch_request_validation() -> None:
 
 def check_request_options(extra_args: dict[str, Any], vllm_config: Any) -> None:
     """Raise vLLM's client error (HTTP 400) for bad ``lookahead_*`` request options."""
-    try:
-        from vllm.exceptions import VLLMValidationError as ClientError
-    except ImportError:
-        ClientError = ValueError
     options = method_config(vllm_config)
     if options.get("method") != "lookahead":
         keys = sorted(k for k in extra_args if k.startswith(REQUEST_KEY_PREFIX))
-        raise ClientError(f"{', '.join(keys)}: this server does not run speculative "
-                          "method 'lookahead'")
+        raise _client_error(f"{', '.join(keys)}: this server does not run speculative "
+                            "method 'lookahead'")
     server_options = LookaheadOptions.from_dict(
         {k: v for k, v in options.items() if k != "method"})
     try:
         request_overrides(extra_args, vllm_config.speculative_config.num_speculative_tokens,
                           server_options)
     except ValueError as exc:
-        raise ClientError(str(exc)) from None
+        raise _client_error(str(exc)) from None
+
+
+def runs_our_method(speculative_config: Any) -> bool:
+    """``speculative_config`` (vLLM's) runs one of our proposers."""
+    return (getattr(speculative_config, "method", None) == "custom_class"
+            and getattr(speculative_config, "model", None) in PROPOSERS)
+
+
+PROPOSERS = frozenset(method.proposer for method in METHODS.values())
+
+
+def _patch_speculative_admission() -> None:
+    from vllm import SamplingParams
+
+    if not hasattr(SamplingParams, "_validate_spec_decode"):
+        logger.warning("vllm-lookahead: this vLLM has no SamplingParams._validate_spec_decode; "
+                       "requests with logit_bias or min_p stay refused under speculation")
+        return
+
+    def make_wrapper(original):
+        def _validate_spec_decode(self, speculative_config, *args, **kwargs):
+            if not runs_our_method(speculative_config):
+                return original(self, speculative_config, *args, **kwargs)
+            if getattr(self, "logprob_token_ids", None):
+                raise _client_error(
+                    "logprob_token_ids cannot be served with speculative decoding: vLLM's "
+                    "verification returns no log-probabilities for them (or fails the "
+                    "batch); send this request to a server without speculative decoding")
+            if undrafted_parameter(self) is None:
+                return original(self, speculative_config, *args, **kwargs)
+            # served without drafts: vLLM's other checks still apply
+            plain = copy.copy(self)
+            plain.logit_bias, plain.min_p = None, 0.0
+            return original(plain, speculative_config, *args, **kwargs)
+
+        return _validate_spec_decode
+
+    _patching.wrap(SamplingParams, "_validate_spec_decode", make_wrapper)
+
+
+def _client_error(message: str) -> Exception:
+    """vLLM's client error (HTTP 400), or ValueError where it has none."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:
+        return ValueError(message)
+    return VLLMValidationError(message)

@@ -21,7 +21,7 @@ from vllm_lookahead.lookahead.state import DecodingRows, RequestState
 from vllm_lookahead.lookahead.step_cost import StepCostModel
 from vllm_lookahead.lookahead.uniform_drafts import UniformDrafts, fill_draft
 from vllm_lookahead.metrics import DRAFT_SOURCES, ProposerStats
-from vllm_lookahead.worker import runner_state
+from vllm_lookahead.worker import request_support, runner_state
 
 
 class DraftPlanner:
@@ -96,10 +96,14 @@ class DraftPlanner:
         return runner_state.broadcast_from_first_tp_rank(plan)
 
     def _draft_bounds(self, states: list[RequestState], num_tokens: np.ndarray) -> np.ndarray:
-        """Each request's longest draft: K, or its own lower bound, never past
-        max_model_len (the bonus token needs a slot too)."""
+        """Each request's longest draft: K, or its own lower bound (0 where vLLM could
+        not verify drafts exactly), never past max_model_len (the bonus token needs a
+        slot too) nor across min_tokens (``request_support.min_tokens_bound``)."""
         bounds = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
         np.minimum(bounds, [state.max_draft for state in states], out=bounds)
+        ends = [state.min_tokens_end for state in states]
+        if any(ends):
+            np.minimum(bounds, request_support.min_tokens_bound(ends, num_tokens), out=bounds)
         return bounds
 
     def _main_drafts(self, decoding: DecodingRows, token_ids_cpu: np.ndarray,

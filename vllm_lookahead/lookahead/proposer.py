@@ -83,6 +83,7 @@ class LookaheadProposer:
         return dataclasses.replace(
             self._stats,
             active_requests=len(self._states),
+            requests_without_drafts=self._states.undrafted,
             pool_ngrams=self._states.pool_entries(),
             live_responses=self._sources.live.holders,
             corpus_size=len(self._sources.corpus),

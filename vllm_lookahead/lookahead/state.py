@@ -16,7 +16,7 @@ from vllm_lookahead.lookahead.hindsight import Hindsight
 from vllm_lookahead.lookahead.options import LookaheadOptions, request_overrides
 from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.sources.pool import NgramPool
-from vllm_lookahead.worker import runner_state
+from vllm_lookahead.worker import request_support, runner_state
 
 logger = get_logger(__name__)
 
@@ -42,7 +42,8 @@ class RequestState:
     pending_token: int = -1  # last context token when the draft below was proposed
     draft: list[int] = field(default_factory=list)
     draft_origin: Draft | None = None  # where ``draft``'s tokens came from
-    max_draft: int = 0  # K, or the request's own lower bound (extra_args)
+    max_draft: int = 0  # K, the request's own lower bound (extra_args), or 0 (undrafted)
+    min_tokens_end: int = 0  # context length where min_tokens is reached (0: none)
     draft_min_prob: float = 0.0  # the option, or the request's own value
     draft_limit: int = 0  # current draft length bound (adaptive), <= max_draft
     sampling_class: int = 0  # which worker-wide acceptance estimates it uses (budget.py)
@@ -139,6 +140,9 @@ class RequestStates:
         self.options = options
         self.num_speculative_tokens = num_speculative_tokens
         self._states: dict[str, RequestState] = {}
+        #: requests served without drafts for their sampling parameters (counted when
+        #: they first decode, again after a preemption)
+        self.undrafted = 0
 
     def __len__(self) -> int:
         return len(self._states)
@@ -165,8 +169,12 @@ class RequestStates:
             state.max_draft = overrides.get("num_speculative_tokens",
                                             self.num_speculative_tokens)
             state.draft_min_prob = overrides.get("draft_min_prob", opts.draft_min_prob)
-            state.draft_limit = state.max_draft
             params = runner_state.sampling_params(runner, req_id)
+            if request_support.undrafted_parameter(params) is not None:
+                state.max_draft = 0  # vLLM's verifier would not apply it to drafts
+                self.undrafted += 1
+            state.min_tokens_end = request_support.min_tokens_end(params, prompt_len)
+            state.draft_limit = state.max_draft
             state.sampling_class = sampling_class(params)
             if opts.tree_drafts:
                 state.tree_ok = runner_state.allows_trees(params)

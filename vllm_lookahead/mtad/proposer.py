@@ -38,8 +38,7 @@ from vllm_lookahead.mtad.beams import AuxiliaryState, Beams, BeamSampler, DraftJ
 from vllm_lookahead.mtad.options import MTADOptions
 from vllm_lookahead.options import method_options
 from vllm_lookahead.tree import TreeBuilder, first_chain, is_chain
-from vllm_lookahead.worker import runner_state
-from vllm_lookahead.worker import sampler, tree_step
+from vllm_lookahead.worker import request_support, runner_state, sampler, tree_step
 
 logger = get_logger(__name__)
 
@@ -73,6 +72,7 @@ class MTADProposer:
         self._trees_on: bool | None = False if self.options.candidates == "best" else None
         self._states: dict[str, AuxiliaryState] = {}
         self._drafts: dict[str, Draft] = {}
+        self._undrafted: set[str] = set()  # requests served without drafts
 
     @property
     def stats(self) -> ProposerStats:
@@ -166,6 +166,7 @@ class MTADProposer:
         for req_id in finished | preempted:
             self._states.pop(req_id, None)
             self._drafts.pop(req_id, None)
+            self._undrafted.discard(req_id)
         if self._snapshots.due() or not self._drafts:
             self._snapshots.write(self.stats)
 
@@ -207,8 +208,10 @@ class MTADProposer:
             self._stats.generated_tokens += len(sampled)
             self._stats.request_passes += 1
             num_tokens = int(num_tokens_no_spec[row])
-            # never past max_model_len: the token after the draft needs a slot too
-            length = min(self.draft_length, self.max_model_len - num_tokens - 1)
+            # never past max_model_len: the token after the draft needs a slot too, nor
+            # where vLLM would not verify the draft exactly (``request_support``)
+            length = min(self.draft_length, self.max_model_len - num_tokens - 1,
+                         self._exact_draft_bound(req_ids[row], row, num_tokens))
             if length > 0:
                 jobs.append((row, req_ids[row], num_tokens, length))
 
@@ -237,6 +240,19 @@ class MTADProposer:
         if self._snapshots.due():
             self._snapshots.write(self.stats)
         return drafts
+
+    def _exact_draft_bound(self, req_id: str, row: int, num_tokens: int) -> int:
+        """0 for a request served without drafts (counted once), else the draft length
+        that min_tokens allows (``request_support``)."""
+        params = runner_state.sampling_params(self._runner, req_id)
+        if request_support.undrafted_parameter(params) is not None:
+            if req_id not in self._undrafted:
+                self._undrafted.add(req_id)
+                self._stats.requests_without_drafts += 1
+            return 0
+        end = request_support.min_tokens_end(params, runner_state.num_prompt_tokens(
+            self._runner, row))
+        return int(min(request_support.min_tokens_bound(end, num_tokens), self.draft_length))
 
     def _draft_of(self, req_id: str, beams: Beams | None) -> Draft | None:
         """The best beam, or all distinct beams as a trie, best first."""

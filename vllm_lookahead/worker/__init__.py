@@ -8,9 +8,10 @@ once per process; the runner, sampler and attention patches only in worker proce
 
 The modules import only downwards, bottom floor first:
 
-1. ``runner_state``, ``hooks``, ``tree_attention``, ``cpu_top_p``: leaves (the runner's
-   state as drafters read it, the drafter protocol, the backend-neutral tree data and
-   KV operations, top-p on CPU);
+1. ``runner_state``, ``hooks``, ``tree_attention``, ``cpu_top_p``, ``kernel_overrides``,
+   ``request_support``: leaves (the runner's state as drafters read it, the drafter
+   protocol, the backend-neutral tree data and KV operations, top-p on CPU, vLLM's CPU
+   kernel overrides beside numba, which requests vLLM verifies exactly with drafts);
 2. ``scratch``, ``auxiliary_model``: the scratch blocks; a second model on the paged
    KV cache;
 3. ``tree_step``, then ``attention_backends`` on it: the tree step in the runner and
@@ -38,6 +39,8 @@ The modules import only downwards, bottom floor first:
 | ``get_model``, ``ModelConfig``, the attention backends' metadata builders, ``set_forward_context`` | ``auxiliary_model`` | called | MTAD's auxiliary model on vLLM's model code, kernels and paged KV cache (its own table) | 0.32.0, 0.26.0 (CPU) |
 | ``vllm.v1.sample.rejection_sampler.rejection_sample`` | ``sampler`` | wrapped | captures the target's argmax (and, if the drafter asks, its top-k with log-probabilities) at every draft position, also after the first rejection (the Jacobi iteration the proposer harvests); hands verification to the drafter's ``acceptance_rule`` if it has one (MTAD's joint rule, tree rows included), after vLLM has applied the request's temperature, top-k and top-p; otherwise verifies tree drafts (longest path the target's greedy choices or samples follow); then moves each tree's accepted path's KV to the positions vLLM expects | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner.sampler.forward`` (instance attribute of the bound runner's ``Sampler``, which its ``rejection_sampler`` shares; drafters with ``capture_last_top_k`` when the runner is built: lookahead with recycling, ``recycle_top_k`` or trees that may be on; the wrapper reads it again each pass: 0 once trees are off, and with ``auto`` recycling in a pass that verifies drafts filled to K) | ``sampler`` | wrapped | before vLLM processes the logits in place, hands the drafter the target's top-k at each row's last position (the one the next or bonus token is sampled from) in every pass, drafts or none: Token Recycling's predictions after the last input token | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``vllm.triton_utils.dispatcher.register_kernels`` (where it exists) | ``kernel_overrides`` | wrapped (every process) | vLLM's scan for its CPU kernel overrides fails on llvmlite's library object (numba's): a worker in a process that had loaded numba (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, a second engine) did not start | 0.32.0 (CPU); 0.26.0 has none; 0.33.0 read |
+| ``vllm.v1.worker.gpu_model_runner.build_logitsprocs`` | ``request_support`` | wrapped (our methods only) | plain decoding's logits processors (logit_bias, min_p) for the requests served without drafts; start-up refusal of processors vLLM's verifier skips at draft positions | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | ``sampler`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0, 0.26.0 (CPU); 0.33.0 read (bug still there) |
 | ``vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p``, ``vllm.v1.sample.rejection_sampler.apply_top_k_top_p`` | ``cpu_top_p`` | wrapped, only on CPU (every engine, any method) | rows whose top-p nucleus (with top-k) the 128 largest logits decide skip vLLM's sort of the whole vocabulary, which cost more than the model's own share of a verified token under top-p; other rows go to vLLM's function | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner.cudagraph_dispatcher.cudagraph_keys`` (``BatchDescriptor.uniform``, ``.num_reqs``) | ``runner_state`` | read | which batch sizes of uniform decode steps (every request 1 + K tokens) replay a full CUDA graph that other speculative steps do not get (``uniform_drafts``: lookahead fills its drafts to K there) | 0.32.0, 0.26.0 read (CPU: no keys); never run on CUDA |
@@ -53,7 +56,7 @@ def install() -> None:
     """Called by ``plugin.register`` in every process; defers real work to workers."""
     from vllm.v1.worker import worker_base
 
-    from vllm_lookahead.worker import scheduler
+    from vllm_lookahead.worker import kernel_overrides, scheduler
 
     def make_wrapper(original):
         def __init__(self, *args, **kwargs):
@@ -64,12 +67,14 @@ def install() -> None:
 
     _patching.wrap(worker_base.WorkerBase, "__init__", make_wrapper)
     scheduler.install()
+    kernel_overrides.install()
 
 
 def _install_worker_patches() -> None:
     from vllm.v1.worker import gpu_model_runner
 
-    from vllm_lookahead.worker import runner, sampler
+    from vllm_lookahead.worker import request_support, runner, sampler
 
     _patching.wrap(gpu_model_runner.GPUModelRunner, "__init__", runner.binding_init)
     sampler.install()
+    request_support.install()

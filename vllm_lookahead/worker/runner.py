@@ -25,6 +25,7 @@ def binding_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         drafter = getattr(self, "drafter", None)
+        sampler.connect(self, drafter)  # or disconnect an earlier engine's in this process
         if drafter is None:
             return
         if hook(drafter, "bind_model_runner"):
@@ -34,7 +35,6 @@ def binding_init(original):
         if hook(drafter, "draft_tree"):
             tree_step.place_tree_nodes(self, drafter)
             start_up.check_at_start(self, drafter)
-        sampler.connect(self, drafter)
 
     return __init__
 

@@ -38,12 +38,11 @@ def install() -> None:
 
 def connect(runner: Any, drafter: Any) -> None:
     """The runner's drafter observes verification and the last positions' top-k, and
-    may replace vLLM's rule."""
+    may replace vLLM's rule; a runner without such a drafter (None) clears both, which
+    an earlier engine in the same process may have set."""
     global _observer, _acceptance_rule
-    if hook(drafter, "on_verification"):
-        _observer = drafter
-    if hook(drafter, "acceptance_rule") is not None:
-        _acceptance_rule = drafter.acceptance_rule
+    _observer = drafter if hook(drafter, "on_verification") else None
+    _acceptance_rule = hook(drafter, "acceptance_rule")
     if hook(drafter, "capture_last_top_k") and hook(drafter, "on_last_top_k"):
         _observe_last_positions(runner.sampler, drafter)
 
