@@ -142,6 +142,9 @@ def largest_difference(runner: Any) -> tuple[float, str]:
     in_tree = forward_sequence(runner, nodes, prefix_len + depths_of(PARENTS), table,
                        seq_len=prefix_len + size, slots=row.slots)
     tree_step.finish_step()
+    if not step.kept_kv:
+        raise CannotRun("no attention layer's forward wrote the tree's branch paths "
+                        "(its forward is not wrapped)")
     # an accepted path off the first chain moved after the root, one token decoded on it
     tree_attention.move_accepted_kv(step, ACCEPTED, row.slots[1 : 1 + len(ACCEPTED)].tolist())
     after = np.array([prefix_len + 1 + len(ACCEPTED)])

@@ -16,7 +16,7 @@ beside this module, on top of the step it reads (``attention_backends.py``).
 | ``runner.input_batch`` (``req_ids``, ``num_computed_tokens_cpu``, ``block_table[0].slot_mapping.gpu``, ``block_table[0].block_table.np``), ``runner.query_start_loc.np``, ``SchedulerOutput.scheduled_spec_decode_tokens`` | read | each tree's row, prefix, first token and KV slots | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner.positions`` | written | a tree node's position is its depth | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner.kv_caches``, ``runner.attn_groups[0][0].backend`` | read | the layers' caches for the root-block copies, and their block dimension | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
-| ``vllm.model_executor.layers.attention.Attention`` modules of ``runner.model``, their ``impl`` (``attn_type``, ``sliding_window``, ``alibi_slopes``, ``sinks``, ``logits_soft_cap``, ``kv_cache_dtype``) and ``kv_cache_update_bypass`` (0.33); ``runner.uses_mrope`` | read | whether the target's attention can take trees | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
+| ``vllm.model_executor.layers.attention.Attention`` layers of the target (``vllm.config.get_layers_from_vllm_config``: vLLM 0.26's Transformers modeling backend keeps them outside ``runner.model.modules()``), their ``impl`` (``attn_type``, ``sliding_window``, ``alibi_slopes``, ``sinks``, ``logits_soft_cap``, ``kv_cache_dtype``) and ``kv_cache_update_bypass`` (0.33); ``runner.uses_mrope`` | read | whether the target's attention can take trees | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 """
 
 from __future__ import annotations
@@ -207,7 +207,10 @@ def tree_attention_problems(runner: Any) -> list[str]:
         problems.add(f"{len(groups)} KV cache groups")
     if getattr(runner, "uses_mrope", False):
         problems.add("multimodal rotary positions (M-RoPE)")
-    for module in attention_layers(runner):
+    layers = attention_layers(runner)
+    if not layers:
+        problems.add("no attention layer of vLLM's found")
+    for module in layers:
         impl = module.impl
         if type(impl).__name__ not in TREE_IMPLS:
             problems.add(f"attention implementation {type(impl).__name__} (trees run on "
@@ -228,7 +231,16 @@ def tree_attention_problems(runner: Any) -> list[str]:
 
 
 def attention_layers(runner: Any) -> list[Any]:
-    """The target's attention layers (vLLM's ``Attention`` modules)."""
+    """The target's attention layers (vLLM's ``Attention`` modules), as each registers
+    itself under its prefix: not ``runner.model.modules()``, where vLLM 0.26's
+    Transformers modeling backend (OLMo 2, StarCoder2) does not list them, so their
+    forwards went unwrapped and the tree self-check failed. MTAD's auxiliary model's
+    layers are not the target's."""
+    from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention import Attention
 
-    return [module for module in runner.model.modules() if isinstance(module, Attention)]
+    from vllm_lookahead.worker.auxiliary_model import PREFIX
+
+    return [layer for name, layer in
+            get_layers_from_vllm_config(runner.vllm_config, Attention).items()
+            if not name.startswith(PREFIX)]
