@@ -4,6 +4,8 @@
 #
 #     bash scripts/test.sh [PYTEST ARGS]                 # vLLM 0.32.0, then 0.26.0
 #     VLLM_VERSIONS=0.32.0 bash scripts/test.sh -q       # one version
+#     bash scripts/test.sh --fast [PYTEST ARGS]          # the fast lane: vLLM 0.32.0,
+#                                                      # the files of conftest.FAST_FILES
 #
 # Every version runs even if one fails; the exit status is 1 if any failed. Tests marked
 # `once` (version-independent, or covered on the GPU host's version) run with the first.
@@ -15,6 +17,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 failed=()
+if [ "${1:-}" = --fast ]; then
+  shift
+  set -- -m fast "$@"
+  VLLM_VERSIONS=${VLLM_VERSIONS:-0.32.0}
+fi
 parallel=()
 workers=${PYTEST_WORKERS:-2}
 [ "$workers" -le 1 ] || parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)

@@ -10,6 +10,11 @@ from tiny_models import build_model
 
 # Tests read proposer counters from the worker through LLM.collective_rpc(callable).
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+# Under pytest-xdist each test process's engines compute on a core of their own: vLLM's
+# "auto" binds every engine's worker to the first core, both processes' alike.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                          str(int(os.environ["PYTEST_XDIST_WORKER"][2:]) % os.cpu_count()))
 
 #: The lookahead configuration the engine tests run (K=5, default options), trees
 #: ``auto`` decided on whatever the start-up measurement finds, as on a GPU: the
@@ -61,18 +66,44 @@ def mtad(model: str, **options) -> dict:
 #: are collected first, so that with one file per process (scripts/test.sh: pytest-xdist,
 #: ``--dist loadfile --no-loadscope-reorder``) the processes finish together instead of
 #: one running a slow file alone at the end.
-SLOWEST_FILES = ("test_mtad.py", "test_tree_check.py", "test_greedy_qwen2.py", "test_tree.py",
-                 "test_server.py", "test_greedy_exact.py")
+SLOWEST_FILES = ("test_ray.py", "test_architecture_matrix.py", "test_mtad.py",
+                 "test_tree_check.py", "test_tree.py", "test_server.py", "test_request_matrix.py",
+                 "test_sampling.py", "test_served_exactness.py", "test_greedy_qwen2.py",
+                 "test_tensor_parallel.py", "test_in_process.py", "test_greedy_exact.py")
 
 
+#: Test files that start no engine and call no vLLM code whose behaviour changes with
+#: its version: marked ``once``.
+VERSION_INDEPENDENT_FILES = (
+    "test_architecture.py", "test_benchmark_metrics.py", "test_benchmarks.py",
+    "test_calibration.py", "test_compatibility_docs.py", "test_cost_aware_cut.py",
+    "test_docs.py", "test_draft_sources.py", "test_mtad_rule.py", "test_proposer_feedback.py",
+    "test_replay.py")
+#: The fast lane (``scripts/test.sh --fast``, marker ``fast``): the proposer's logic
+#: and the greedy exactness core (batch 1 and 8, chunked prefill, preemption, the
+#: defaults at batch 16, the request matrix), for the edit loop; CI runs everything.
+FAST_FILES = VERSION_INDEPENDENT_FILES + (
+    "test_budget.py", "test_proposer.py", "test_proposer_trees.py", "test_uniform_drafts.py",
+    "test_request_support.py", "test_tree_attention.py", "test_cpu_top_p.py",
+    "test_greedy_exact.py", "test_served_exactness.py", "test_request_matrix.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the markers added here
 def pytest_collection_modifyitems(config, items):
-    """The slowest files first (``SLOWEST_FILES``; the order within a file stays). Tests
-    marked ``once`` are skipped where scripts/test.sh has already run them with
-    another vLLM version (it names that version in LOOKAHEAD_ONCE_TESTS_RAN_WITH): what
-    they check does not change with vLLM's version, or (the torch.compile test) costs a
-    minute an engine and is covered on the GPU host's version by gpu_validate.sh."""
+    """The slowest files first (``SLOWEST_FILES``; the order within a file stays); the
+    ``fast`` and ``once`` markers of whole files (``FAST_FILES``,
+    ``VERSION_INDEPENDENT_FILES``). Tests marked ``once`` are skipped where
+    scripts/test.sh has already run them with another vLLM version (it names that
+    version in LOOKAHEAD_ONCE_TESTS_RAN_WITH): what they check does not change with
+    vLLM's version, or (the torch.compile test) costs a minute an engine and is covered
+    on the GPU host's version by gpu_validate.sh."""
     rank = {name: position for position, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FILES)))
+    for item in items:
+        if item.path.name in FAST_FILES:
+            item.add_marker(pytest.mark.fast)
+        if item.path.name in VERSION_INDEPENDENT_FILES:
+            item.add_marker(pytest.mark.once)
     ran_with = os.environ.get("LOOKAHEAD_ONCE_TESTS_RAN_WITH")
     if not ran_with:
         return
@@ -187,64 +218,6 @@ def fake_vllm_config(k, max_model_len, additional_config=None, instance_id=""):
         additional_config=additional_config or {},
         instance_id=instance_id,
     )
-
-
-#: Runs an engine with its core in process (the scheduler in reach) in a fresh interpreter:
-#: vLLM 0.32's in-process worker start scans every loaded module for kernels to rebind
-#: and fails on some objects that earlier tests in the same process import.
-SCHEDULER_PROBE = """
-import dataclasses, json, sys
-from vllm import LLM, SamplingParams
-
-config = json.loads(sys.argv[1])
-if config["start_cost"] is not None:  # the worker runs in this process: its measurement
-    from vllm_lookahead.worker import start_cost
-    measured = start_cost.StartCost(*config["start_cost"])
-    start_cost.measure = lambda runner: measured
-llm = LLM(config["model"], speculative_config=config["speculative_config"],
-          disable_log_stats=False, **config["engine"])
-scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-pool = scheduler.kv_cache_manager.block_pool
-free_at_start = pool.get_num_free_blocks()
-params = SamplingParams(temperature=0, max_tokens=config["max_tokens"], ignore_eos=True)
-outputs = llm.generate([{"prompt_token_ids": p} for p in config["prompts"]], params,
-                       use_tqdm=False)
-stats = llm.collective_rpc(lambda worker: worker.model_runner.drafter.stats)[0]
-print("RESULT " + json.dumps({
-    "outputs": [list(o.outputs[0].token_ids) for o in outputs],
-    "preemptions": next(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"),
-    "block_size": scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size,
-    "num_blocks": scheduler.kv_cache_config.num_blocks,
-    "free_blocks_at_start": free_at_start,
-    "free_blocks_at_end": pool.get_num_free_blocks(),
-    "num_spec_tokens": scheduler.num_spec_tokens,
-    "num_lookahead_tokens": scheduler.num_lookahead_tokens,
-    "config_lookahead_tokens": getattr(scheduler.vllm_config, "num_lookahead_tokens", None),
-    "step_blocks": getattr(scheduler, "_spec_decode_step_blocks", None),
-    "stats": dataclasses.asdict(stats),
-}))
-"""
-
-
-def run_beside_scheduler(model: str, speculative_config: dict, engine: dict,
-                         prompts: list[list[int]], max_tokens: int,
-                         start_cost: tuple[float, float] | None = None) -> dict:
-    """Greedy outputs of ``prompts`` with what the engine core's scheduler and the
-    drafter's counters show (``SCHEDULER_PROBE``); ``start_cost``: (seconds of a pass,
-    of each token more) for the workers' start-up measurement (trees ``auto``) to
-    report instead of timing the target."""
-    import json
-    import subprocess
-    import sys
-
-    config = {"model": model, "speculative_config": speculative_config, "engine": engine,
-              "prompts": prompts, "max_tokens": max_tokens, "start_cost": start_cost}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run([sys.executable, "-c", SCHEDULER_PROBE, json.dumps(config)],
-                         capture_output=True, text=True, env=env, timeout=600)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert run.returncode == 0 and lines, run.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 #: Seconds an engine may take to exit before it is killed. vLLM's default grace is 5 s,

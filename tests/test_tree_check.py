@@ -15,9 +15,9 @@ from conftest import (
     greedy,
     make_prompts,
     proposer_stats,
-    run_beside_scheduler,
     shutdown,
 )
+from scheduler_probe import run_beside_scheduler
 from tiny_models import build_model
 from vllm import LLM
 
