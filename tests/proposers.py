@@ -27,7 +27,9 @@ def make_proposer(k=4, max_model_len=MAX_LEN, **options):
     runner = SimpleNamespace(
         input_batch=SimpleNamespace(req_ids=[], num_prompt_tokens=np.zeros(8, np.int32)),
         requests={},
-        model=torch.nn.Sequential(),  # no attention layer: tree drafts are not refused
+        # no attention layer registered: tree drafts are not refused
+        vllm_config=SimpleNamespace(
+            compilation_config=SimpleNamespace(static_forward_context={})),
     )
     proposer.bind_model_runner(runner)
     proposer.load_model(None)

@@ -85,7 +85,9 @@ def test_tree_options_are_refused_where_attention_cannot_mask_trees():
     layer = Attention.__new__(Attention)
     torch.nn.Module.__init__(layer)
     layer.impl = SimpleNamespace()  # a backend without the plugin's tree step
-    runner = SimpleNamespace(model=torch.nn.Sequential(layer), uses_mrope=False)
+    forward_context = {"model.layers.0.self_attn.attn": layer}  # where layers register
+    runner = SimpleNamespace(uses_mrope=False, vllm_config=SimpleNamespace(
+        compilation_config=SimpleNamespace(static_forward_context=forward_context)))
     with pytest.raises(ValueError, match="tree_candidates and tree_window need tree "
                                          "attention.*attention implementation "
                                          "SimpleNamespace"):

@@ -207,10 +207,7 @@ def tree_attention_problems(runner: Any) -> list[str]:
         problems.add(f"{len(groups)} KV cache groups")
     if getattr(runner, "uses_mrope", False):
         problems.add("multimodal rotary positions (M-RoPE)")
-    layers = attention_layers(runner)
-    if not layers:
-        problems.add("no attention layer of vLLM's found")
-    for module in layers:
+    for module in attention_layers(runner):
         impl = module.impl
         if type(impl).__name__ not in TREE_IMPLS:
             problems.add(f"attention implementation {type(impl).__name__} (trees run on "
