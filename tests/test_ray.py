@@ -12,6 +12,7 @@ module on CUDA when a GPU host is lent).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,6 @@ def ray_cluster():
     behind."""
     on_gpu = _has_cuda()
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # socket paths stay short
-    shm_before = set(os.listdir("/dev/shm"))
     saved = {name: os.environ.get(name) for name in
              ("PYTHONPATH", "RAY_ADDRESS", "VLLM_CPU_OMP_THREADS_BIND")}
     # the workers unpickle this module's functions (collective_rpc) by importing it
@@ -86,11 +86,19 @@ def ray_cluster():
             CpuPlatform.ray_device_key = ""
     left = _ray_processes(temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
-    # shared memory of the CPU workers' all-reduce, which Ray's killed actors leave
-    for name in set(os.listdir("/dev/shm")) - shm_before:
-        if name.startswith("cpushm"):
-            os.unlink(f"/dev/shm/{name}")
     assert not left, f"Ray processes left behind: {left}"
+
+
+def _remove_shared_memory(ident: str | None) -> None:
+    """Remove the shared memory of an engine's CPU all-reduce, named by the port of its
+    distributed init method (``VLLM_DIST_IDENT``): Ray kills the workers before they
+    unlink it, and vLLM 0.26 takes the port from 100 up, so a later engine on this
+    machine would find the name taken ("create shm in SHMManager failed. errno: 17")."""
+    if not ident:
+        return
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"{ident}-") and "cpushm" in name:
+            os.unlink(f"/dev/shm/{name}")
 
 
 def _has_cuda() -> bool:
@@ -115,6 +123,7 @@ def _worker_facts(worker) -> dict:
     runner = worker.model_runner
     return {"pid": os.getpid(), "ray_actor": ray.get_runtime_context().get_actor_id(),
             "plugin_loaded": "vllm_lookahead.plugin" in sys.modules,
+            "dist_ident": os.environ.get("VLLM_DIST_IDENT"),
             "drafter": type(runner.drafter).__module__,
             "bound": getattr(runner.drafter, "_runner", None) is runner}
 
@@ -142,6 +151,7 @@ def test_tp1_defaults_match_plain_decoding(ray_cluster, llama_path, llama_refere
         stats = proposer_stats(llm)
     finally:
         shutdown(llm)
+    _remove_shared_memory(facts[0]["dist_ident"])
     print("TP1 rank counters:", stats)  # the evidence, with -s
     _assert_plugin_in_ray_workers(facts, 1)
     assert outputs == llama_reference
@@ -168,6 +178,7 @@ def test_tp2_plain_and_tree_drafts_match_and_ranks_decide_alike(ray_cluster, lla
         stats = proposer_stats(llm)
     finally:
         shutdown(llm)
+    _remove_shared_memory(facts[0]["dist_ident"])
     decisions = [{name: getattr(s, name) for name in DECISIONS} for s in stats]
     print("TP2 rank decisions:", decisions)  # the evidence, with -s
     _assert_plugin_in_ray_workers(facts, 2)
@@ -203,6 +214,9 @@ def test_server_tp2_serves_plain_decodings_tokens_and_shuts_down_clean(
             "vllm:spec_decode_num_accepted_tokens_total")}
     finally:
         server.stop()
+        idents = re.findall(r"distributed_init_method=tcp://[^:]+:(\d+)",
+                            server.log_path.read_text())
+        _remove_shared_memory(idents[0] if idents else None)
     assert server.process.returncode is not None
     assert answers == llama_reference[:4]
     assert all(value > 0 for value in counters.values()), counters

@@ -91,12 +91,29 @@ def accepted_and_drafts(llm) -> tuple[float, float]:
             counters["vllm:spec_decode_num_drafts"])
 
 
+def stop_strings_drop_later_tokens() -> bool:
+    """Whether vLLM's detokenizer drops the tokens a step appended after the one that
+    completed a stop string (vLLM 0.32 does; 0.26 returns them, and counts them in
+    usage, for every speculative method: the text is cut at the stop string)."""
+    import inspect
+
+    from vllm.v1.engine.detokenizer import BaseIncrementalDetokenizer
+
+    return "token_offsets" in inspect.getsource(BaseIncrementalDetokenizer.update)
+
+
 def assert_same_answers(expected, got) -> None:
-    """Same tokens, texts and finish reasons; log-probabilities within tolerance."""
-    assert tokens(got) == tokens(expected)
+    """Same tokens, texts and finish reasons; log-probabilities within tolerance. Where
+    vLLM keeps the tokens of an accepted draft past a stop string (0.26), the tokens of
+    a request stopped by one are plain decoding's and then that draft's rest."""
     for want, have in zip(expected, got):
         for a, b in zip(want.outputs, have.outputs):
-            assert (a.text, a.finish_reason) == (b.text, b.finish_reason)
+            if isinstance(b.stop_reason, str) and not stop_strings_drop_later_tokens():
+                assert list(b.token_ids)[:len(a.token_ids)] == list(a.token_ids)
+            else:
+                assert list(b.token_ids) == list(a.token_ids)
+            assert (a.text, a.finish_reason, a.stop_reason) == (b.text, b.finish_reason,
+                                                                b.stop_reason)
             for x, y in zip(a.logprobs or [], b.logprobs or []):
                 assert x.keys() == y.keys()
                 assert all(math.isclose(x[t].logprob, y[t].logprob, abs_tol=LOGPROB_TOLERANCE)
@@ -174,6 +191,10 @@ def test_requests_vllm_refuses_under_speculation_are_served_without_drafts(engin
     before_stats = proposer_stats(lookahead)[0].requests_without_drafts
     accepted = accepted_and_drafts(lookahead)[0]
     expected = run(plain, prompts * 2, undrafted + drafted)
+    if tokens(run(plain, prompts * 2, undrafted + drafted)) != tokens(expected):
+        pytest.skip("this vLLM's CPU sampler gives the same seeded batch other tokens the "
+                    "second time, without speculation too (vLLM 0.26): seeded rows cannot "
+                    "be compared token for token")
     got = run(lookahead, prompts * 2, undrafted + drafted)
     assert tokens(got) == tokens(expected)
     assert accepted_and_drafts(lookahead)[0] > accepted
