@@ -18,7 +18,6 @@ The worker-side touch points are in ``worker/``.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from typing import Any
 
@@ -33,7 +32,10 @@ from vllm_lookahead.options import (
     method_config,
 )
 from vllm_lookahead.vllm_support import SUPPORTED_VLLM, missing_features, vllm_version
-from vllm_lookahead.worker.request_support import undrafted_parameter
+from vllm_lookahead.worker.request_support import (
+    undrafted_parameter,
+    without_undrafted_parameters,
+)
 
 logger = get_logger(__name__)
 
@@ -307,9 +309,8 @@ def _patch_speculative_admission() -> None:
             if undrafted_parameter(self) is None:
                 return original(self, speculative_config, *args, **kwargs)
             # served without drafts: vLLM's other checks still apply
-            plain = copy.copy(self)
-            plain.logit_bias, plain.min_p = None, 0.0
-            return original(plain, speculative_config, *args, **kwargs)
+            return original(without_undrafted_parameters(self), speculative_config,
+                            *args, **kwargs)
 
         return _validate_spec_decode
 

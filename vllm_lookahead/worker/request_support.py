@@ -53,6 +53,15 @@ def undrafted_parameter(params: Any) -> str | None:
     return None
 
 
+def without_undrafted_parameters(params: Any) -> Any:
+    """A copy of the request's sampling parameters without ``UNDRAFTED_PARAMETERS``
+    (what vLLM's admission checks of a speculative request see: it is served without
+    drafts, every other check applies)."""
+    plain = copy.copy(params)
+    plain.logit_bias, plain.min_p = None, 0.0
+    return plain
+
+
 def min_tokens_end(params: Any, num_prompt_tokens: int) -> int:
     """The context length at which the request has its ``min_tokens`` (0: none)."""
     min_tokens = getattr(params, "min_tokens", 0) or 0
