@@ -63,9 +63,14 @@ def ray_cluster():
     if not on_gpu:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core per rank
     gpus = [] if on_gpu else ["--num-gpus", "2"]
+    # One OpenMP thread a worker, which Ray's workers inherit from the cluster: vLLM 0.32's
+    # multiprocessing executor sets each CPU worker's OpenMP threads and cores as it
+    # spawns it, Ray's workers get none of that, and two ranks each running a thread on
+    # every core made their spinning all-reduce 100 times slower (0.4 s a decode step).
+    cluster_env = os.environ if on_gpu else {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([RAY, "start", "--head", "--num-cpus", "4", *gpus, "--temp-dir", temp_dir,
                     "--include-dashboard", "false", "--disable-usage-stats"],
-                   check=True, capture_output=True, timeout=120)
+                   check=True, capture_output=True, timeout=120, env=cluster_env)
     os.environ["RAY_ADDRESS"] = "auto"
     try:
         if not on_gpu:  # the test process's own engine cores fork from it
