@@ -6,15 +6,22 @@ import os
 import time
 
 import pytest
+from engine_processes import engines_in_this_process, run_engines_in_this_process
 from tiny_models import build_model
 
 # Tests read proposer counters from the worker through LLM.collective_rpc(callable).
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 # Under pytest-xdist each test process's engines compute on a core of their own: vLLM's
 # "auto" binds every engine's worker to the first core, both processes' alike.
+# Engines in the test process itself (``IN_PROCESS_FILES``) compute on its threads, which
+# vLLM 0.32 does not bind there: one thread, or each process's threads on every core
+# spin-wait on the other's.
 if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
                           str(int(os.environ["PYTEST_XDIST_WORKER"][2:]) % os.cpu_count()))
+    import torch
+
+    torch.set_num_threads(1)
 
 #: The lookahead configuration the engine tests run (K=5, default options), trees
 #: ``auto`` decided on whatever the start-up measurement finds, as on a GPU: the
@@ -62,14 +69,15 @@ def mtad(model: str, **options) -> dict:
     return {"method": "mtad", "model": model, "num_speculative_tokens": 4, **options}
 
 
-#: The test files that start the most engines (by ``--durations``), slowest first: they
-#: are collected first, so that with one file per process (scripts/test.sh: pytest-xdist,
-#: ``--dist loadfile --no-loadscope-reorder``) the processes finish together instead of
-#: one running a slow file alone at the end.
-SLOWEST_FILES = ("test_ray.py", "test_architecture_matrix.py", "test_mtad.py",
-                 "test_tree_check.py", "test_tree.py", "test_server.py", "test_request_matrix.py",
-                 "test_sampling.py", "test_served_exactness.py", "test_greedy_qwen2.py",
-                 "test_tensor_parallel.py", "test_in_process.py", "test_greedy_exact.py")
+#: The test files that take longest (``--durations`` on vLLM 0.26.0 and 0.32.0), slowest
+#: first: they are collected first, so that with one file per process (scripts/test.sh:
+#: pytest-xdist, ``--dist loadfile --no-loadscope-reorder``) the processes finish together
+#: instead of one running a slow file alone at the end.
+SLOWEST_FILES = ("test_ray.py", "test_architecture_matrix.py", "test_server.py",
+                 "test_tensor_parallel.py", "test_mtad.py", "test_tree_check.py",
+                 "test_in_process.py", "test_served_exactness.py", "test_sampling.py",
+                 "test_step_cost.py", "test_tree.py", "test_config.py", "test_request_matrix.py",
+                 "test_greedy_qwen2.py", "test_proposer.py", "test_greedy_exact.py")
 
 
 #: Test files that start no engine and call no vLLM code whose behaviour changes with
@@ -86,6 +94,25 @@ FAST_FILES = VERSION_INDEPENDENT_FILES + (
     "test_budget.py", "test_proposer.py", "test_proposer_trees.py", "test_uniform_drafts.py",
     "test_request_support.py", "test_tree_attention.py", "test_cpu_top_p.py",
     "test_greedy_exact.py", "test_served_exactness.py", "test_request_matrix.py")
+
+
+#: Test files whose offline engines run in pytest's own process
+#: (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: engine core and worker in the caller, vLLM
+#: already imported): an engine starts in seconds where a new engine-core process and
+#: its worker process import vLLM for 20-40 s. The session's plain references run so
+#: too. The other files keep vLLM's default processes, as users run it (servers always
+#: run as processes of their own).
+IN_PROCESS_FILES = (
+    "test_greedy_exact.py", "test_greedy_qwen2.py", "test_served_exactness.py",
+    "test_tensor_parallel.py", "test_step_cost.py", "test_request_matrix.py", "test_mtad.py",
+    "test_mtad_drafter.py", "test_sampling.py", "test_tree.py", "test_tree_check.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before a test's fixtures: its file's engines in this process or in their own
+    (``IN_PROCESS_FILES``)."""
+    run_engines_in_this_process(item.path.name in IN_PROCESS_FILES)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the markers added here
@@ -194,10 +221,14 @@ def stats_once_idle(llm, timeout_s: float = 30.0):
 
     The scheduler reports a finished request to the runner in the engine's next step,
     which the engine-core process runs right after returning the last output; an RPC
-    sent at once may be served before that step, so wait for it (bounded).
+    sent at once may be served before that step, so wait for it (bounded). An engine
+    core in this process steps only when asked: that step is taken here.
     """
     deadline = time.monotonic() + timeout_s
+    in_process = type(llm.llm_engine.engine_core).__name__ == "InprocClient"
     while True:
+        if in_process:
+            llm.llm_engine.step()
         stats = proposer_stats(llm)
         if all(s.active_requests == 0 for s in stats) or time.monotonic() > deadline:
             return stats
@@ -268,10 +299,12 @@ def plain_llama_runs(llama_path):
     free of near-ties (``NEAR_TIE``)."""
     from vllm import LLM
 
-    llm = LLM(llama_path, **ENGINE_KWARGS)
-    batch, batch_margins = generate_with_margins(llm, make_prompts(), greedy())
-    (long,), long_margins = generate_with_margins(llm, [LONG_PROMPT], greedy(LONG_MAX_TOKENS))
-    shutdown(llm)
+    with engines_in_this_process():
+        llm = LLM(llama_path, **ENGINE_KWARGS)
+        batch, batch_margins = generate_with_margins(llm, make_prompts(), greedy())
+        (long,), long_margins = generate_with_margins(llm, [LONG_PROMPT],
+                                                      greedy(LONG_MAX_TOKENS))
+        shutdown(llm)
     for name, margin in [*enumerate(batch_margins), ("long", long_margins[0])]:
         assert margin > NEAR_TIE, (
             f"the reference of prompt {name} has a near-tie (top two logits {margin:.1e} "
@@ -326,10 +359,11 @@ def plain_samples(llama_path):
     """(prompt, plain decoding's samples after it): the reference distribution."""
     from vllm import LLM
 
-    plain = LLM(llama_path, **ENGINE_KWARGS)
-    # the model's own greedy loop as context: drafts are likely samples, not noise
-    base = make_prompts()[0]
-    prompt = base + generate(plain, [base], greedy())[0]
-    reference = sample_tokens(plain, prompt)
-    shutdown(plain)
+    with engines_in_this_process():
+        plain = LLM(llama_path, **ENGINE_KWARGS)
+        # the model's own greedy loop as context: drafts are likely samples, not noise
+        base = make_prompts()[0]
+        prompt = base + generate(plain, [base], greedy())[0]
+        reference = sample_tokens(plain, prompt)
+        shutdown(plain)
     return prompt, reference

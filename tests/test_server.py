@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, model: str, extra_args: list[str], log_path):
+    def __init__(self, model: str, extra_args: list[str], log_path, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -41,6 +42,7 @@ class Server:
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
              "--host", "127.0.0.1", "--port", str(self.port), *SERVER_ARGS, *extra_args],
             stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
         self.client = OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
 
@@ -72,7 +74,9 @@ class Server:
 @pytest.fixture(scope="module")
 def servers(llama_path, tmp_path_factory):
     logs = tmp_path_factory.mktemp("server-logs")
-    plain = Server(llama_path, [], logs / "plain.log")
+    # the reference, vLLM alone: its engine core runs its model itself (no worker
+    # process, one import of vLLM fewer), as in the offline in-process engines
+    plain = Server(llama_path, [], logs / "plain.log", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     lookahead = Server(llama_path, ["--speculative-config", "lookahead"], logs / "lookahead.log")
     try:
         plain.wait_ready()

@@ -4,6 +4,8 @@ when sampling."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from conftest import (
@@ -124,9 +126,12 @@ def test_tree_samples_follow_the_target_distribution(llama_path, plain_samples):
     speculated = sample_tokens(llm, prompt)
     stats, = proposer_stats(llm)
     # the control: tree nodes verified by the target's argmax instead of its samples
-    llm.collective_rpc(_verify_trees_greedily)
-    biased = sample_tokens(llm, prompt)
-    shutdown(llm)
+    llm.collective_rpc(partial(_verify_trees_greedily, biased=True))
+    try:
+        biased = sample_tokens(llm, prompt)
+    finally:  # an engine in pytest's process shares the module with later engines
+        llm.collective_rpc(partial(_verify_trees_greedily, biased=False))
+        shutdown(llm)
     # the positions below really went through tree verification
     assert stats.tree_fallbacks == 0
     assert stats.tree_accepted > 500  # of ~6000 tokens; S ~1.15 at T=0.7 on this model
@@ -138,13 +143,17 @@ def test_tree_samples_follow_the_target_distribution(llama_path, plain_samples):
                for position in (1, 2, 3)) < SIGNIFICANCE
 
 
-def _verify_trees_greedily(worker):
+def _verify_trees_greedily(worker, biased: bool):
     """In the worker: a deliberately biased tree verifier, which follows the target's
-    argmax at every node of a sampled request (vLLM still samples the bonus token)."""
+    argmax at every node of a sampled request (vLLM still samples the bonus token);
+    ``biased=False`` puts the true one back."""
     from types import SimpleNamespace
 
     from vllm_lookahead.worker import sampler
 
+    if not biased:
+        sampler._verify_trees = sampler._verify_trees.unbiased
+        return
     original = sampler._verify_trees
 
     def greedy(step, output, draft_token_ids, num_draft_tokens, target_logits,
@@ -153,6 +162,7 @@ def _verify_trees_greedily(worker):
         original(step, output, draft_token_ids, num_draft_tokens, target_logits,
                  target_argmax, bonus_token_ids, as_greedy)
 
+    greedy.unbiased = original
     sampler._verify_trees = greedy
 
 
