@@ -25,7 +25,7 @@ def binding_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         drafter = getattr(self, "drafter", None)
-        sampler.connect(self, drafter)  # or disconnect an earlier engine's in this process
+        sampler.connect(self, drafter)
         if drafter is None:
             return
         if hook(drafter, "bind_model_runner"):

@@ -20,8 +20,8 @@ from vllm_lookahead.worker.hooks import AcceptanceRule, VerificationCapture, hoo
 
 logger = get_logger(__name__)
 
-# One model runner per worker process, hence one drafter observing verification and
-# one acceptance rule.
+# The drafter observing the verification under way and its acceptance rule: those of the
+# runner whose rejection sampler is running (``_route_verification``), None outside it.
 _observer: Any = None
 _acceptance_rule: AcceptanceRule | None = None
 
@@ -37,14 +37,37 @@ def install() -> None:
 
 
 def connect(runner: Any, drafter: Any) -> None:
-    """The runner's drafter observes verification and the last positions' top-k, and
-    may replace vLLM's rule; a runner without such a drafter (None) clears both, which
-    an earlier engine in the same process may have set."""
-    global _observer, _acceptance_rule
-    _observer = drafter if hook(drafter, "on_verification") else None
-    _acceptance_rule = hook(drafter, "acceptance_rule")
+    """The runner's drafter observes its verification and the last positions' top-k,
+    and may replace vLLM's rule."""
+    rejection_sampler = getattr(runner, "rejection_sampler", None)
+    if rejection_sampler is not None:
+        _route_verification(rejection_sampler,
+                            drafter if hook(drafter, "on_verification") else None,
+                            hook(drafter, "acceptance_rule"))
     if hook(drafter, "capture_last_top_k") and hook(drafter, "on_last_top_k"):
         _observe_last_positions(runner.sampler, drafter)
+
+
+def _route_verification(rejection_sampler: Any, observer: Any,
+                        rule: AcceptanceRule | None) -> None:
+    """Wrap ``rejection_sampler.forward`` (instance attribute): vLLM's module-level
+    ``rejection_sample``, which every engine of the process calls, sees this runner's
+    observer and rule while this runner verifies. Engines in one process (offline,
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) each keep theirs: a plain engine started beside
+    a lookahead one no longer silences its feedback, nor does MTAD's joint rule verify
+    another engine's drafts."""
+    original = rejection_sampler.forward
+
+    def forward(*args, **kwargs):
+        global _observer, _acceptance_rule
+        outer = _observer, _acceptance_rule
+        _observer, _acceptance_rule = observer, rule
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _observer, _acceptance_rule = outer
+
+    rejection_sampler.forward = forward
 
 
 def _observe_last_positions(sampler: Any, drafter: Any) -> None:
