@@ -174,11 +174,13 @@ def test_tp2_plain_and_tree_drafts_match_and_ranks_decide_alike(ray_cluster, lla
                    speculative_config={**TREE, "cost_aware_drafts": True})
     try:
         facts = llm.collective_rpc(_worker_facts)
+        # before any step: the first rank's cost model sees no step of this machine's
+        # clock, whose fit (a few ms a step) would leave the simulated one no free tokens
+        llm.collective_rpc(_cheap_tokens_on_first_rank)
         undrafted = greedy()
         undrafted.extra_args = {"lookahead_num_speculative_tokens": 0}
         plain_outputs = generate(llm, make_prompts(), undrafted)
         plain_stats = proposer_stats(llm)
-        llm.collective_rpc(_cheap_tokens_on_first_rank)
         outputs = generate(llm, make_prompts(), greedy())
         stats = proposer_stats(llm)
     finally:
