@@ -103,6 +103,8 @@ def _hooked_rejection_sample(original):
         if _acceptance_rule is not None:
             output = _acceptance_rule(draft_token_ids, list(num_draft_tokens), max_spec_len,
                                       target_logits, bonus_token_ids, sampling_metadata, trees)
+        if output is None and not len(draft_token_ids):
+            output = bonus_tokens_only(bonus_token_ids, max_spec_len)
         if output is None:
             output = original(
                 draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
@@ -117,6 +119,21 @@ def _hooked_rejection_sample(original):
         return output
 
     return rejection_sample
+
+
+def bonus_tokens_only(bonus_token_ids: torch.Tensor, max_spec_len: int) -> torch.Tensor:
+    """vLLM's verdict on a step without draft tokens: each row's bonus token, then
+    placeholders. A speculative engine verifies every step, drafts or none, and for
+    sampled rows vLLM draws exponential noise over the whole vocabulary for recovered
+    tokens it then has none of: on a 2-core CPU 1.2 ms of a 27 ms SmolLM2-135M step,
+    every undrafted step of a sampled request. The distribution is unchanged (no token
+    depended on that noise); only the process's unseeded random stream moves less."""
+    from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+
+    output = torch.full((bonus_token_ids.numel(), max_spec_len + 1), PLACEHOLDER_TOKEN_ID,
+                        dtype=torch.int32, device=bonus_token_ids.device)
+    output[:, 0] = bonus_token_ids.view(-1)
+    return output
 
 
 def capture_verification(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids,
