@@ -19,7 +19,8 @@ BASELINE = "none"
 #: Datasets whose categories get rows of their own (Spec-Bench reports per category).
 PER_CATEGORY = {"spec_bench"}
 #: Numbers whose standard deviation over seeds a row reports.
-SPREAD = ("tokens_per_second", "speedup", "compression", "mean_acceptance_length")
+SPREAD = ("tokens_per_second", "speedup", "compression", "mean_acceptance_length",
+          "decode_tokens_per_second")
 
 
 def summarize(measurements: list[dict]) -> list[dict]:
@@ -154,7 +155,9 @@ def acceptance(counters: SpecDecodeCounters | None) -> dict:
 
 def latency_stats(requests: list[dict]) -> dict:
     """TTFT per request; ITL = mean gap between token-carrying steps or chunks; TPOT =
-    mean time per output token after the first (both pooled over requests)."""
+    mean time per output token after the first, and its inverse, the decode's tokens/s
+    (pooled over requests: without the prefill, which speculation does not change and
+    which, sampled, weighs each method by the lengths of the texts it happened to draw)."""
     ttfts = [r["ttft"] * 1e3 for r in requests if r["output_tokens"]]
     decode = [r for r in requests if r["forward_passes"] > 1]
     decode_seconds = sum(r["decode_seconds"] for r in decode)
@@ -165,6 +168,7 @@ def latency_stats(requests: list[dict]) -> dict:
         "ttft_ms_p50": statistics.median(ttfts) if ttfts else None,
         "itl_ms": decode_seconds / gaps * 1e3 if gaps else None,
         "tpot_ms": decode_seconds / later_tokens * 1e3 if later_tokens else None,
+        "decode_tokens_per_second": later_tokens / decode_seconds if decode_seconds else None,
     }
 
 
