@@ -37,10 +37,10 @@ def undrafted_args(temperatures: list[float]) -> tuple:
 @pytest.mark.parametrize("temperatures", [[0.0, 0.0, 0.0], [0.0, 0.7, 1.0], [0.7, 1.0, 0.7]])
 def test_the_verdict_is_vllms(temperatures):
     register = getattr(type(current_platform), "register_triton_kernel_overrides", None)
-    if not torch.cuda.is_available() and register is None:
-        pytest.skip("this vLLM's CPU rejection kernels run only inside an engine")
-    if register is not None:
-        register()
+    if register is None:  # 0.26 on CPU; CUDA kernels would need CUDA tensors
+        pytest.skip("vLLM's rejection kernels are callable outside an engine only with "
+                    "vLLM 0.32's CPU overrides")
+    register()
     hooked = _hooked_rejection_sample(VLLM_REJECTION_SAMPLE)
     expected = VLLM_REJECTION_SAMPLE(*undrafted_args(temperatures))
     got = hooked(*undrafted_args(temperatures))
