@@ -101,8 +101,7 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
                     ("TPOT ms", lambda r: _num(r["tpot_ms"], 1))]
     else:
         if mode == "latency":
-            columns.insert(3, ("decode tok/s",
-                               lambda r: _spread(r, "decode_tokens_per_second", 1)))
+            columns.append(("decode tok/s", lambda r: _spread(r, "decode_tokens_per_second", 1)))
         columns += [("step ms", lambda r: _num(r["step_ms"], 2)),
                     ("steps FULL / PIECEWISE / eager", _graph_steps)]
     columns += [("proposer ms/step (% of step)", _proposer),
