@@ -93,7 +93,7 @@ VERSION_INDEPENDENT_FILES = (
 FAST_FILES = VERSION_INDEPENDENT_FILES + (
     "test_budget.py", "test_proposer.py", "test_proposer_trees.py", "test_uniform_drafts.py",
     "test_request_support.py", "test_tree_attention.py", "test_cpu_top_p.py",
-    "test_undrafted_steps.py",
+    "test_undrafted_steps.py", "test_cpu_recovered_tokens.py",
     "test_greedy_exact.py", "test_served_exactness.py", "test_request_matrix.py")
 
 

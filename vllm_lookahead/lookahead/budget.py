@@ -102,11 +102,14 @@ class AcceptanceByDepth:
         self._accepted = np.zeros((num_classes, max_depth))
         self._decay = decay
         self._group_size = group_size
+        self._empty = True  # nothing counted yet: nothing to decay
 
     def decay(self) -> None:
-        """Once per step: older evidence counts less."""
-        self._reached *= self._decay
-        self._accepted *= self._decay
+        """Once per step: older evidence counts less (a sampling class no request has
+        used skips it: zeros stay zeros, and a step has ``NUM_SAMPLING_CLASSES``)."""
+        if not self._empty:
+            self._reached *= self._decay
+            self._accepted *= self._decay
 
     def add(self, first: int, compared: int, confirmed: int,
             classes: np.ndarray | None = None) -> None:
@@ -115,6 +118,7 @@ class AcceptanceByDepth:
         class of each of the draft's tokens (all class 0 if None)."""
         if classes is None:
             classes = np.zeros(first + compared, dtype=np.int64)
+        self._empty = self._empty and not compared
         _count_checked(self._reached, self._accepted, classes, first, compared, confirmed)
 
     def first_token_rate(self, token_class: int | None = None) -> float:
@@ -277,32 +281,59 @@ def affordable_draft_lengths(
     kept (the largest on a tie).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return lengths
-    num_requests = len(lengths)
     survival = np.asarray(survival, dtype=np.float64)
-    survival = np.broadcast_to(survival, (num_requests, survival.shape[-1]))
-    owner = np.repeat(np.arange(num_requests), lengths)
-    starts = np.cumsum(lengths) - lengths
-    position = np.arange(total) - np.repeat(starts, lengths)
-    prob = np.asarray(first_rates, dtype=np.float64)[owner] * survival[owner, position]
-    order = np.argsort(-prob, kind="stable")
-    expected = num_requests + worth * np.concatenate(([0.0], np.cumsum(prob[order])))
-    kept = _best_count(expected, step_cost(num_requests + np.arange(total + 1)))
-    if kept is None:  # the tokens look free: keep them all
-        return lengths
-    if max_kept is not None:
+    survival = np.array(np.broadcast_to(survival, (len(lengths), survival.shape[-1])))
+    return _kept_lengths(lengths, np.asarray(first_rates, dtype=np.float64), survival,
+                         step_cost.tokens, step_cost.seconds, step_cost.slope,
+                         -1 if max_kept is None else max_kept, worth)
+
+
+@numba.njit(cache=True, nogil=True)
+def _kept_lengths(lengths, first_rates, survival, knots, knot_seconds, slope, max_kept,
+                  worth):
+    """``affordable_draft_lengths`` (compiled: it runs every step, and in numpy a step of
+    one request paid a dozen calls' overhead for a few tokens); ``max_kept`` -1: none."""
+    num_requests, total = len(lengths), lengths.sum()
+    if total == 0:
+        return lengths.copy()
+    prob, owner = np.empty(total), np.empty(total, dtype=np.int64)
+    i = 0
+    for r in range(num_requests):
+        for j in range(lengths[r]):
+            prob[i], owner[i] = first_rates[r] * survival[r, j], r
+            i += 1
+    order = np.argsort(-prob, kind="mergesort")  # stable: ties by request, then depth
+    counts = num_requests + np.arange(total + 1).astype(np.float64)
+    expected = np.empty(total + 1)
+    expected[0] = num_requests
+    for k in range(total):
+        expected[k + 1] = expected[k] + worth * prob[order[k]]
+    kept = _best_count(expected, _curve_seconds(counts, knots, knot_seconds, slope))
+    if kept < 0:  # the tokens look free: keep them all
+        return lengths.copy()
+    if max_kept >= 0:
         kept = min(kept, max_kept)
-    return np.bincount(owner[order[:kept]], minlength=num_requests)
+    out = np.zeros(num_requests, dtype=np.int64)
+    for k in range(kept):
+        out[owner[order[k]]] += 1
+    return out
 
 
-def _best_count(expected: np.ndarray, seconds: np.ndarray) -> int | None:
+@numba.njit(cache=True, nogil=True)
+def _curve_seconds(counts, knots, knot_seconds, slope):
+    """``step_cost.CostCurve``'s seconds at ``counts`` tokens (its ``__call__``)."""
+    inside = np.interp(counts, knots, knot_seconds)
+    outside = np.minimum(counts - knots[0], 0.0) + np.maximum(counts - knots[-1], 0.0)
+    return np.maximum(inside + outside * slope, 0.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _best_count(expected, seconds):
     """The count of kept tokens (an index of ``expected`` tokens in ``seconds``) with
-    the most expected tokens a second, the largest on a tie; None where the tokens
-    look free."""
+    the most expected tokens a second, the largest on a tie; -1 where the tokens look
+    free."""
     if not seconds[-1] > seconds[0]:
-        return None
+        return -1
     rate = expected / np.maximum(seconds, 1e-12)
     return int(np.flatnonzero(rate >= rate.max() * (1 - 1e-12))[-1])
 
@@ -315,10 +346,10 @@ def any_token_affordable(bounds: np.ndarray, step_cost: CostCurve) -> bool:
     num_requests, total = len(bounds), int(np.sum(bounds))
     if not total:
         return False
-    counts = np.arange(total + 1)
+    counts = np.arange(total + 1, dtype=np.float64)
     kept = _best_count(num_requests + ACCEPTED_TOKEN_WORTH * counts,
                        step_cost(num_requests + counts))
-    return kept is None or kept > 0
+    return kept != 0
 
 
 def cut_to_budget(drafts: list[list[int]], estimates: list[np.ndarray],

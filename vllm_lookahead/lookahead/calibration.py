@@ -70,14 +70,17 @@ class AcceptanceCalibration:
         self.tokens = np.zeros(NUM_BINS)
         self.expected = np.zeros(NUM_BINS)
         self.matched = np.zeros(NUM_BINS)
+        self._empty = True  # nothing counted yet: nothing to decay
 
     def decay(self) -> None:
-        self.tokens *= self._decay
-        self.expected *= self._decay
-        self.matched *= self._decay
+        if not self._empty:
+            self.tokens *= self._decay
+            self.expected *= self._decay
+            self.matched *= self._decay
 
     def add(self, estimates: np.ndarray, matched: np.ndarray) -> None:
         """A settled draft's kept tokens: their estimates, and which the text matched."""
+        self._empty = self._empty and not len(estimates)
         _count_binned(self.tokens, self.expected, self.matched, estimates, matched)
 
     def factors(self) -> np.ndarray:

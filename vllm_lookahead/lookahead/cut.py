@@ -35,7 +35,7 @@ from vllm_lookahead.lookahead.budget import (
 from vllm_lookahead.lookahead.calibration import calibrated
 from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.state import RequestState
-from vllm_lookahead.lookahead.step_cost import StepCostModel
+from vllm_lookahead.lookahead.step_cost import CostCurve, StepCostModel
 from vllm_lookahead.metrics import ProposerStats
 
 logger = get_logger(__name__)
@@ -61,8 +61,13 @@ class CostAwareCut:
         self._cost_model = cost_model
         self._stats = stats
         self._log = CutLog()
-        _draft_estimates(np.zeros(1, dtype=np.int64), 1.0, np.ones((1, 1)),
-                         np.ones(1))  # compiled before the first request
+        # the last ``any_token_affordable`` answer, its curve and (requests, bound tokens)
+        self._affordable_curve: object = None
+        self._affordable_key = (0, 0)
+        self._affordable = True
+        # compiled before the first request
+        _draft_estimates(np.zeros(1, dtype=np.int64), 1.0, np.ones((1, 1)), np.ones(1))
+        cut_to_budget([[0]], [np.ones(1)], CostCurve.linear(1.0, 1.0))
 
     def may_keep_any(self, bounds: np.ndarray, plan: StepPlan) -> bool:
         """Whether the step may keep any draft token: not where its load makes every
@@ -70,11 +75,21 @@ class CostAwareCut:
         a step on a 2-core CPU). Such a step is not drafted (counted): its sources, this
         cut and the hindsight checks would cost the step time for nothing, and a tree
         node, costing a token and accepted at most as surely, would not pay either."""
-        if plan.fill or plan.step_cost is None or any_token_affordable(bounds, plan.step_cost):
+        if plan.fill or plan.step_cost is None or self._any_token_affordable(bounds, plan):
             return True
         self._stats.undrafted_steps += 1
         self._report(plan)
         return False
+
+    def _any_token_affordable(self, bounds: np.ndarray, plan: StepPlan) -> bool:
+        """``any_token_affordable``, asked again only when the cost curve (refitted every
+        few steps), the request count or the bounds' sum changed: it prices every token
+        count up to the sum, most of the proposer's time in a step of one request."""
+        key = (len(bounds), int(np.sum(bounds)))
+        if plan.step_cost is not self._affordable_curve or key != self._affordable_key:
+            self._affordable = any_token_affordable(bounds, plan.step_cost)
+            self._affordable_curve, self._affordable_key = plan.step_cost, key
+        return self._affordable
 
     def apply(self, main: list[Draft], states: list[RequestState], num_tokens: np.ndarray,
               plan: StepPlan) -> None:

@@ -99,7 +99,9 @@ class DraftPlanner:
         """Each request's longest draft: K, or its own lower bound (0 where vLLM could
         not verify drafts exactly), never past max_model_len (the bonus token needs a
         slot too) nor across min_tokens (``request_support.min_tokens_bound``)."""
-        bounds = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        # np.clip's dispatch cost 0.05 ms here, a step (one request, 2-core CPU)
+        bounds = np.minimum(np.maximum(self.max_model_len - num_tokens - 1, 0),
+                            self.num_speculative_tokens)
         np.minimum(bounds, [state.max_draft for state in states], out=bounds)
         ends = [state.min_tokens_end for state in states]
         if any(ends):

@@ -8,10 +8,11 @@ once per process; the runner, sampler and attention patches only in worker proce
 
 The modules import only downwards, bottom floor first:
 
-1. ``runner_state``, ``hooks``, ``tree_attention``, ``cpu_top_p``, ``kernel_overrides``,
-   ``request_support``: leaves (the runner's state as drafters read it, the drafter
-   protocol, the backend-neutral tree data and KV operations, top-p on CPU, vLLM's CPU
-   kernel overrides beside numba, which requests vLLM verifies exactly with drafts);
+1. ``runner_state``, ``hooks``, ``tree_attention``, ``cpu_top_p``, ``cpu_recovered_tokens``,
+   ``kernel_overrides``, ``request_support``: leaves (the runner's state as drafters
+   read it, the drafter protocol, the backend-neutral tree data and KV operations, top-p
+   and recovered tokens on CPU, vLLM's CPU kernel overrides beside numba, which requests
+   vLLM verifies exactly with drafts);
 2. ``scratch``, ``auxiliary_model``: the scratch blocks; a second model on the paged
    KV cache;
 3. ``tree_step``, then ``attention_backends`` on it: the tree step in the runner and
@@ -43,6 +44,7 @@ The modules import only downwards, bottom floor first:
 | ``vllm.triton_utils.dispatcher.register_kernels`` (where it exists) | ``kernel_overrides`` | wrapped (every process) | vLLM's scan for its CPU kernel overrides fails on llvmlite's library object (numba's): a worker in a process that had loaded numba (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, a second engine) did not start | 0.32.0 (CPU); 0.26.0 has none; 0.33.0 read |
 | ``vllm.v1.worker.gpu_model_runner.build_logitsprocs`` | ``request_support`` | wrapped (our methods only) | plain decoding's logits processors (logit_bias, min_p) for the requests served without drafts; start-up refusal of processors vLLM's verifier skips at draft positions | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` | ``sampler`` | replaced, only on CPU without Triton | vLLM's C++ fallback writes float results into a discarded int64 copy, so temperature/top-p reach verification as garbage | 0.32.0, 0.26.0 (CPU); 0.33.0 read (bug still there) |
+| ``vllm.v1.sample.rejection_sampler.sample_recovered_tokens`` | ``cpu_recovered_tokens`` | wrapped, only on CPU (every engine, any method), drafts without probabilities | a rejected sampled draft token's replacement drawn from one uniform number a request (inverse transform) instead of exponential noise over the vocabulary (1.2 ms of a 2-core CPU's drafted SmolLM2-135M step) | 0.32.0, 0.26.0 (CPU); 0.33.0 not read |
 | ``vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p``, ``vllm.v1.sample.rejection_sampler.apply_top_k_top_p`` | ``cpu_top_p`` | wrapped, only on CPU (every engine, any method) | rows whose top-p nucleus (with top-k) the 128 largest logits decide skip vLLM's sort of the whole vocabulary, which cost more than the model's own share of a verified token under top-p; other rows go to vLLM's function | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner.cudagraph_dispatcher.cudagraph_keys`` (``BatchDescriptor.uniform``, ``.num_reqs``) | ``runner_state`` | read | which batch sizes of uniform decode steps (every request 1 + K tokens) replay a full CUDA graph that other speculative steps do not get (``uniform_drafts``: lookahead fills its drafts to K there) | 0.32.0, 0.26.0 read (CPU: no keys); never run on CUDA |
 | ``vllm.distributed.get_tp_group().broadcast_object`` | ``runner_state`` | called | every rank drafts with the first rank's step budget; MTAD drafts on the first rank only | 0.32.0, 0.26.0 (CPU, TP 2); 0.33.0 read |

@@ -15,7 +15,7 @@ import torch
 from vllm_lookahead import _patching
 from vllm_lookahead.log import get_logger
 from vllm_lookahead.tree import accepted_path, path_by_tokens
-from vllm_lookahead.worker import cpu_top_p, tree_attention, tree_step
+from vllm_lookahead.worker import cpu_recovered_tokens, cpu_top_p, tree_attention, tree_step
 from vllm_lookahead.worker.hooks import AcceptanceRule, VerificationCapture, hook
 
 logger = get_logger(__name__)
@@ -31,6 +31,7 @@ def install() -> None:
 
     _patching.wrap(rejection_sampler, "rejection_sample", _hooked_rejection_sample)
     cpu_top_p.install()
+    cpu_recovered_tokens.install()
     if cpu_expand_is_broken():
         _patching.replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
         logger.info("vllm-lookahead: replaced CPU expand_batch_to_tokens (sampling fix)")
