@@ -5,7 +5,7 @@ Where vLLM's rejection sampler rejects a sampled request's draft token, it emits
 draft token. vLLM draws it by the Gumbel trick: exponential noise over the whole
 vocabulary for every request with a draft (``q.exponential_()``), then the argmax of
 p / q. torch's CPU exponential draw took 1.2 ms of a 32 ms SmolLM2-135M step on a
-2-core AMD EPYC (49152 tokens; run (ei)), every drafted step of a sampled request:
+2-core AMD EPYC (49152 tokens; run (ek)), every drafted step of a sampled request:
 nearly a third of what a drafted step cost more than an undrafted one. Inverse
 transform sampling draws the same distribution from one uniform number: a cumulative
 sum (in float64) and a binary search. Like vLLM, a request's positions share their
