@@ -30,19 +30,22 @@ class LoopResult:
     engine_steps: int  # steps that returned tokens to any request
 
 
-def drive(engine, next_prompt: NextPrompt, num_conversations: int, sampling_params,
+def drive(engine, next_prompt: NextPrompt, conversations: int | range, sampling_params,
           max_in_flight: int,
           on_finish: Callable[[RequestRecord], None] | None = None) -> LoopResult:
     """Run conversations with at most `max_in_flight` requests in the engine at a time.
 
-    A conversation's next turn is added as soon as its previous turn finishes.
+    `conversations`: how many (numbered from 0), or which. A conversation's next turn is
+    added as soon as its previous turn finishes.
     """
     from vllm.sampling_params import RequestOutputKind
 
     params = sampling_params.clone()
     params.output_kind = RequestOutputKind.DELTA
-    waiting = deque(range(num_conversations))
-    answers: list[list[list[int]]] = [[] for _ in range(num_conversations)]
+    if isinstance(conversations, int):
+        conversations = range(conversations)
+    waiting = deque(conversations)
+    answers: dict[int, list[list[int]]] = {conversation: [] for conversation in conversations}
     active: dict[str, RequestRecord] = {}
     records: list[RequestRecord] = []
 

@@ -8,7 +8,8 @@ A fresh engine per method, mode and dataset: suffix decoding keeps past outputs
 across requests, and Spec-Bench's MT-Bench part repeats MT-Bench's questions, so
 a shared engine would hand one dataset the answers of another (and the prefix
 cache would skip their prefills). Each engine first answers one untimed warm-up
-request (datasets.WARMUP).
+request (datasets.WARMUP). Latency can also be measured with every method's engine
+up at once, the methods taking turns on each conversation (`--interleave`).
 """
 
 from __future__ import annotations
@@ -30,27 +31,130 @@ from benchmarks.records import (
 
 MODES = ("latency", "throughput")
 
+#: Before each interleaved turn: Intel OpenMP's threads of the engine that just ran spin
+#: for 200 ms (KMP_BLOCKTIME) after their last parallel region, on the cores the next
+#: engine's threads need.
+SWITCH_PAUSE_SECONDS = 0.25
 
 def measure_offline(mode: str, model_path: str, speculative_config: dict | None,
                     engine_args: dict, dataset: str, conversations: Conversations,
                     sampling: dict, on_request: Callable[[], None]) -> dict:
     """One measurement (JSON-ready) of `conversations` in `mode` on a new engine;
     `sampling`: `SamplingParams` keywords (max_tokens, temperature, top_p)."""
-    from vllm import LLM, SamplingParams
-
-    started = time.perf_counter()
-    llm = LLM(model_path, speculative_config=speculative_config, disable_log_stats=False,
-              **engine_args)
-    startup_seconds = time.perf_counter() - started
+    engine = _Engine(model_path, speculative_config, engine_args, conversations, sampling)
     try:
-        graph_modes.install(llm)
-        params = SamplingParams(**sampling)
-        _warm_up(llm, conversations, params)
-        return _measure(llm, mode, dataset, conversations, params, startup_seconds, on_request)
+        engine.answer(range(len(conversations)), mode == "latency", on_request)
+        return engine.measurement(mode, dataset)
     finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+        engine.close()
+
+
+def measure_latency_interleaved(model_path: str, methods: dict[str, tuple[dict | None, dict]],
+                                dataset: str, conversations: Conversations, sampling: dict,
+                                on_request: Callable[[], None]) -> dict[str, dict | Exception]:
+    """Batch-1 latency with every method's engine up at once, the methods taking turns
+    on each conversation (the order rotating by one each conversation).
+
+    The machine's speed drifts by up to 20 % over tens of minutes on the small hosts;
+    measured one method after another, that drift lands in the comparison. Here each
+    conversation is answered by every method within seconds. `methods`: name ->
+    (speculative config, engine arguments). Returns name -> measurement, or the
+    exception that ended that method (the others go on).
+    """
+    engines: dict[str, _Engine] = {}
+    outcome: dict[str, dict | Exception] = {}
+    try:
+        for name, (config, engine_args) in methods.items():
+            try:
+                engines[name] = _Engine(model_path, config, engine_args, conversations,
+                                        sampling)
+            except Exception as exc:  # noqa: BLE001 - reported for this method only
+                outcome[name] = exc
+        for conversation in range(len(conversations)):
+            names = list(engines)
+            shift = conversation % len(names) if names else 0
+            for name in names[shift:] + names[:shift]:
+                time.sleep(SWITCH_PAUSE_SECONDS)
+                try:
+                    engines[name].answer(range(conversation, conversation + 1), True,
+                                         on_request)
+                except Exception as exc:  # noqa: BLE001 - reported for this method only
+                    outcome[name] = exc
+                    engines.pop(name).close()
+        for name, engine in engines.items():
+            try:
+                outcome[name] = engine.measurement("latency", dataset)
+            except Exception as exc:  # noqa: BLE001 - reported for this method only
+                outcome[name] = exc
+        return {name: outcome[name] for name in methods}
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+class _Engine:
+    """One method's engine through a measurement: started and warmed up, then answering
+    conversations (in one go or in turns), its counters read before the first answer."""
+
+    def __init__(self, model_path: str, speculative_config: dict | None, engine_args: dict,
+                 conversations: Conversations, sampling: dict):
+        from vllm import LLM, SamplingParams
+
+        started = time.perf_counter()
+        self.llm = LLM(model_path, speculative_config=speculative_config,
+                       disable_log_stats=False, **engine_args)
+        self.startup_seconds = time.perf_counter() - started
+        self.conversations = conversations
+        self.params = SamplingParams(**sampling)
+        try:
+            self.tally = SpecDecodeTally(self.llm.llm_engine)
+            graph_modes.install(self.llm)
+            _warm_up(self.llm, conversations, self.params)
+            self.counters_before = self.last_counters = self.tally.counters
+            self.proposer_before = proposer_stats(self.llm)
+            self.graph_steps_before = graph_modes.read(self.llm)
+        except BaseException:
+            self.close()
+            raise
+        self.records: list[RequestRecord] = []
+        self.wall_seconds = 0.0
+        self.engine_steps = 0
+
+    def answer(self, conversations: range, one_at_a_time: bool,
+               on_request: Callable[[], None]) -> None:
+        def on_finish(record: RequestRecord) -> None:
+            if one_at_a_time:  # the counters moved for this request only
+                now = self.tally.counters
+                record.spec_decode, self.last_counters = now - self.last_counters, now
+            on_request()
+
+        loop = drive(self.llm.llm_engine, self.conversations.next_prompt, conversations,
+                     self.params, max_in_flight=1 if one_at_a_time else len(conversations),
+                     on_finish=on_finish)
+        self.records += loop.records
+        self.wall_seconds += loop.wall_seconds
+        self.engine_steps += loop.engine_steps
+
+    def measurement(self, mode: str, dataset: str) -> dict:
+        llm = self.llm
+        measurement = measurement_json(
+            mode, dataset, 1 if mode == "latency" else len(self.conversations),
+            self.wall_seconds, self.engine_steps, self.tally.counters - self.counters_before,
+            proposer_delta(self.proposer_before, proposer_stats(llm)), self.records,
+            self.conversations.samples, self.startup_seconds)
+        measurement["start"] = start_state(llm, self.proposer_before)
+        measurement["steps_by_graph_mode"] = graph_modes.difference(
+            graph_modes.read(llm), self.graph_steps_before)
+        cut = cut_state(llm)
+        if cut is not None:
+            measurement["cut"] = cut
+        return measurement
+
+    def close(self) -> None:
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
 
 
 def _warm_up(llm, conversations: Conversations, params) -> None:
@@ -59,36 +163,6 @@ def _warm_up(llm, conversations: Conversations, params) -> None:
     warm_params.max_tokens = WARMUP_TOKENS
     drive(llm.llm_engine, lambda i, answers: None if answers else prompt, 1, warm_params,
           max_in_flight=1)
-
-
-def _measure(llm, mode: str, dataset: str, conversations: Conversations, params,
-             startup_seconds: float, on_request: Callable[[], None]) -> dict:
-    one_at_a_time = mode == "latency"
-    counters_before = last_counters = _counters(llm)
-    proposer_before = proposer_stats(llm)
-    graph_steps_before = graph_modes.read(llm)
-
-    def on_finish(record: RequestRecord) -> None:
-        nonlocal last_counters
-        if one_at_a_time:  # the counters moved for this request only
-            now = _counters(llm)
-            record.spec_decode, last_counters = now - last_counters, now
-        on_request()
-
-    loop = drive(llm.llm_engine, conversations.next_prompt, len(conversations), params,
-                 max_in_flight=1 if one_at_a_time else len(conversations), on_finish=on_finish)
-    measurement = measurement_json(
-        mode, dataset, 1 if one_at_a_time else len(conversations), loop.wall_seconds,
-        loop.engine_steps, _counters(llm) - counters_before,
-        proposer_delta(proposer_before, proposer_stats(llm)), loop.records,
-        conversations.samples, startup_seconds)
-    measurement["start"] = start_state(llm, proposer_before)
-    measurement["steps_by_graph_mode"] = graph_modes.difference(graph_modes.read(llm),
-                                                                graph_steps_before)
-    cut = cut_state(llm)
-    if cut is not None:
-        measurement["cut"] = cut
-    return measurement
 
 
 def cut_state(llm) -> dict | None:
@@ -106,8 +180,27 @@ def cut_state(llm) -> dict | None:
     return llm.collective_rpc(read)[0]
 
 
-def _counters(llm) -> SpecDecodeCounters:
-    return SpecDecodeCounters.from_vllm_metrics(llm.get_metrics())
+class SpecDecodeTally:
+    """One engine's spec-decode counters, summed from the stats each step hands the
+    engine's stat loggers. Not `LLM.get_metrics()`: vLLM's Prometheus registry is one
+    per process, and a new engine unregisters the one before's metrics, so with several
+    engines up (`--interleave`) it would read another engine's counters."""
+
+    def __init__(self, engine):
+        self.counters = SpecDecodeCounters()
+        manager = engine.logger_manager
+        if manager is None:
+            raise ValueError("the engine keeps no stats: start it with disable_log_stats=False")
+        record = manager.record
+
+        def tallying_record(*args, **kwargs):
+            stats = kwargs.get("scheduler_stats", args[0] if args else None)
+            step = getattr(stats, "spec_decoding_stats", None)
+            if step is not None:
+                self.counters += SpecDecodeCounters.from_step_stats(step)
+            return record(*args, **kwargs)
+
+        manager.record = tallying_record
 
 
 def proposer_stats(llm) -> dict | None:

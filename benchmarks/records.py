@@ -98,19 +98,10 @@ class SpecDecodeCounters:
         )
 
     @classmethod
-    def from_vllm_metrics(cls, metrics) -> SpecDecodeCounters:
-        """From `LLM.get_metrics()` (names without `_total`; summed over engines)."""
-        counters = cls()
-        for metric in metrics:
-            if metric.name == DRAFTS:
-                counters.drafts += metric.value
-            elif metric.name == DRAFT_TOKENS:
-                counters.draft_tokens += metric.value
-            elif metric.name == ACCEPTED:
-                counters.accepted += metric.value
-            elif metric.name == ACCEPTED_PER_POS:
-                counters += cls(accepted_per_pos=list(metric.values))
-        return counters
+    def from_step_stats(cls, stats) -> SpecDecodeCounters:
+        """From one step's `SpecDecodingStats` (what the engine hands its stat loggers)."""
+        return cls(stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
+                   list(stats.num_accepted_tokens_per_pos))
 
     @classmethod
     def from_prometheus(cls, text: str) -> SpecDecodeCounters:

@@ -180,12 +180,15 @@ def _spread(row: dict, metric: str, digits: int, suffix: str = "") -> str:
 
 def _sampling(settings: dict) -> str:
     seeds = settings.get("seeds") or [0]
+    turns = ("; at batch 1 every method's engine was up at once, the methods taking turns "
+             "on each conversation" if settings.get("interleave") else "")
     if not settings.get("temperature"):
-        return "Greedy" if len(seeds) < 2 else (
+        return ("Greedy" if len(seeds) < 2 else (
             f"Greedy, measured once per engine seed {', '.join(map(str, seeds))} (the same "
-            "outputs, repeated for the timings' spread: mean ± standard deviation)")
+            "outputs, repeated for the timings' spread: mean ± standard deviation)")) + turns
     return (f"Sampled at temperature {settings['temperature']}, top-p {settings['top_p']}, "
-            f"engine seeds {', '.join(map(str, settings['seeds']))} (mean ± standard deviation)")
+            f"engine seeds {', '.join(map(str, settings['seeds']))} (mean ± standard "
+            f"deviation){turns}")
 
 
 def _per_position(row: dict) -> str:

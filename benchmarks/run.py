@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine seeds, comma list: each method and dataset is measured "
                              "once per seed (greedy: the same outputs again, so repeats "
                              "that show how much the timings move)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="latency mode: every method's engine up at once, the methods "
+                             "taking turns on each conversation, so that the machine's "
+                             "drift cancels (memory: all engines at once)")
     parser.add_argument("--mode", type=comma_list(MODES), default="latency",
                         help="latency (batch 1), throughput (offline, all prompts at once), "
                              "server (OpenAI server at each --concurrency); comma list")
@@ -179,19 +183,27 @@ def main(argv: list[str] | None = None) -> Path:
             for mode in args.mode for name, method in selected.items()}
     results["runs"] = list(runs.values())
     with tqdm(total=total, unit="req", dynamic_ncols=True) as progress:
-        for mode, dataset, seed, concurrency, name in measurement_plan(
-                args.mode, selected, datasets, args.seeds, args.concurrency):
-            run = runs[mode, name]
-            if run["status"] == "ok":
-                progress.set_description(f"{mode} {dataset} {name}")
-                done_before = progress.n
-                _measure(run, model_path, engine_args, dataset, datasets[dataset], seed,
-                         concurrency, args, results["measurements"], progress.update)
-                if run["status"] != "ok":
-                    tqdm.write(f"{mode} {name}: {run['status']}: {run['reason']}")
-                progress.update(max(0, requests[dataset] - (progress.n - done_before)))
+        plan = measurement_plan(args.mode, selected, datasets, args.seeds, args.concurrency)
+        for (mode, dataset, seed, concurrency), group in itertools.groupby(
+                plan, key=lambda step: step[:4]):
+            names = [name for *_, name in group if runs[mode, name]["status"] == "ok"]
+            done_before = progress.n
+            if args.interleave and mode == "latency":
+                progress.set_description(f"{mode} {dataset} interleaved")
+                _measure_interleaved([runs[mode, name] for name in names], model_path,
+                                     engine_args, dataset, datasets[dataset], seed, args,
+                                     results["measurements"], progress.update)
             else:
-                progress.update(requests[dataset])
+                for name in names:
+                    progress.set_description(f"{mode} {dataset} {name}")
+                    _measure(runs[mode, name], model_path, engine_args, dataset,
+                             datasets[dataset], seed, concurrency, args,
+                             results["measurements"], progress.update)
+            for name in names:
+                if runs[mode, name]["status"] != "ok":
+                    tqdm.write(f"{mode} {name}: {runs[mode, name]['status']}: "
+                               f"{runs[mode, name]['reason']}")
+            progress.update(max(0, done_before + requests[dataset] * len(selected) - progress.n))
             _save(results, path)
 
     from benchmarks.report import write_report
@@ -254,6 +266,7 @@ def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str,
                      "num_prompts": counts,
                      "max_tokens": args.max_tokens, "temperature": args.temperature,
                      "top_p": args.top_p, "seeds": args.seeds, "concurrency": args.concurrency,
+                     "interleave": args.interleave,
                      "prompts": {name: [s.id for s in c.samples] for name, c in datasets.items()}},
         "engine_args": engine_args,
         "method_engine_args": args.method_engine_args,
@@ -296,9 +309,8 @@ def _measure(run: dict, model_path: str, engine_args: dict, dataset: str,
     from benchmarks.offline import measure_offline
     from benchmarks.server import measure_server
 
-    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature,
-                "top_p": args.top_p}
-    seeded = {**engine_args, **args.method_engine_args.get(run["method"], {}), "seed": seed}
+    sampling = _sampling(args)
+    seeded = _seeded_engine_args(run, engine_args, seed, args)
     config = run["speculative_config"]
     try:
         if run["mode"] == "server":
@@ -310,10 +322,45 @@ def _measure(run: dict, model_path: str, engine_args: dict, dataset: str,
                                           conversations, sampling, on_request)
     except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
         traceback.print_exc()
-        run.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        _failed(run, exc)
         return
     measurements.append({"method": run["method"], "seed": seed,
                          "temperature": args.temperature, **measurement})
+
+
+def _measure_interleaved(runs: list[dict], model_path: str, engine_args: dict, dataset: str,
+                         conversations: Conversations, seed: int, args,
+                         measurements: list[dict], on_request) -> None:
+    """Measure the methods of `runs` at batch 1 taking turns on each conversation
+    (offline.measure_latency_interleaved); a method that fails is marked so alone."""
+    from benchmarks.offline import measure_latency_interleaved
+
+    methods = {run["method"]: (run["speculative_config"],
+                               _seeded_engine_args(run, engine_args, seed, args))
+               for run in runs}
+    outcome = measure_latency_interleaved(model_path, methods, dataset, conversations,
+                                          _sampling(args), on_request)
+    for run in runs:
+        result = outcome[run["method"]]
+        if isinstance(result, Exception):
+            traceback.print_exception(result)
+            _failed(run, result)
+        else:
+            measurements.append({"method": run["method"], "seed": seed,
+                                 "temperature": args.temperature, **result})
+
+
+def _sampling(args) -> dict:
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature,
+            "top_p": args.top_p}
+
+
+def _seeded_engine_args(run: dict, engine_args: dict, seed: int, args) -> dict:
+    return {**engine_args, **args.method_engine_args.get(run["method"], {}), "seed": seed}
+
+
+def _failed(run: dict, exc: Exception) -> None:
+    run.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
 
 
 def _save(results: dict, path: Path) -> None:
