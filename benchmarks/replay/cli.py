@@ -8,6 +8,13 @@ predictions at rejected positions (lookahead's Jacobi harvest is absent here, so
 replayed lookahead S is a lower bound). This makes proposer variants cheap to
 compare; end-to-end speed still comes from benchmarks.run.
 
+Sampled traces (``record --temperature``) replay the same way, in expectation: a draft
+token without probabilities (every method here) is accepted with the target's
+probability of it, the chance that the sampled text holds it at that place, and the
+text after a rejection follows the target's distribution either way. So a replayed S
+over a sampled trace estimates the sampled S (one sample, without noise from timing),
+but not its spread over samples.
+
 With ``--step-cost FIXED_MS,TOKEN_MS[,DRAFT_MS]`` every decode pass takes a simulated
 FIXED + TOKEN x (its requests) + DRAFT x (its draft tokens) milliseconds (DRAFT = TOKEN
 if not given): lookahead's cost-aware cut times the
@@ -61,9 +68,12 @@ from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 
 def record(model: str, datasets: list[str], num_prompts: int, max_tokens: int,
-           categories: list[str] | None = None) -> list[dict]:
-    """Plain greedy generations of the benchmark prompts (all turns), in request order;
-    with ``categories``, only the samples of those categories."""
+           categories: list[str] | None = None, temperature: float = 0.0,
+           top_p: float = 1.0) -> list[dict]:
+    """Plain generations of the benchmark prompts (all turns), in request order, greedy
+    or sampled (from the engine's seed, 0: no per-request seed, which vLLM's CPU runner
+    does not take with chunked prompts); with ``categories``, only the samples of those
+    categories."""
     from vllm import LLM, SamplingParams
 
     from benchmarks import datasets as prompt_sets
@@ -73,7 +83,7 @@ def record(model: str, datasets: list[str], num_prompts: int, max_tokens: int,
     llm = LLM(path, dtype="float32", enforce_eager=True, max_model_len=4096,
               kv_cache_memory_bytes=2 << 30, seed=0)
     prompter = prompt_sets.ChatPrompter(path)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
     trace = []
     for dataset in datasets:
         samples = prompt_sets.load(dataset, num_prompts)
@@ -106,6 +116,9 @@ def main() -> None:
     rec.add_argument("--max-tokens", type=int, default=256)
     rec.add_argument("--categories", default="",
                      help="comma list: record only the samples of these categories")
+    rec.add_argument("--temperature", type=float, default=0.0,
+                     help="sampled traces (0: greedy); see the module's docstring")
+    rec.add_argument("--top-p", type=float, default=1.0)
     rec.add_argument("-o", "--output", required=True)
     run = sub.add_parser("run")
     run.add_argument("trace")
@@ -125,7 +138,8 @@ def main() -> None:
 
     if args.command == "record":
         trace = record(args.model, args.datasets.split(","), args.num_prompts, args.max_tokens,
-                       [c for c in args.categories.split(",") if c])
+                       [c for c in args.categories.split(",") if c], args.temperature,
+                       args.top_p)
         Path(args.output).write_text(json.dumps(trace))
         return
     trace = [Request(**row) for row in json.loads(Path(args.trace).read_text())]

@@ -22,10 +22,10 @@ class ResponseCorpus:
     Responses of one deployment repeat each other (boilerplate, code idioms, the same
     questions asked again). At most ``capacity`` tokens are kept (oldest dropped) in
     preallocated arrays: the tokens, and for each position the previous position of
-    the same bigram (hash chains, as in LZ77 compressors), so the memory is fixed at
-    ``bytes_for(capacity)`` whatever is stored. A lookup visits the
-    ``candidates_per_bigram`` most recent occurrences of the suffix's last bigram, so
-    it costs the same whatever the corpus size.
+    the same bigram and of the same token (hash chains, as in LZ77 compressors), so the
+    memory is fixed at ``bytes_for(capacity)`` whatever is stored. A lookup visits the
+    ``candidates_per_bigram`` most recent occurrences of the suffix's last bigram (where
+    none repeats, of its last token), so it costs the same whatever the corpus size.
     """
 
     SEPARATOR = -1  # between responses: no match or continuation crosses it
@@ -34,21 +34,22 @@ class ResponseCorpus:
         self.capacity = capacity
         self.candidates_per_bigram = candidates_per_bigram
         self._tokens = np.full(capacity, self.SEPARATOR, dtype=np.int32)
-        self._prev = np.full(capacity, -1, dtype=np.int32)  # same bigram, earlier
-        self._heads = np.full(_hash_table_size(capacity), -1, dtype=np.int32)
+        # the same bigram (row 0) and token (row 1), earlier; the chains' heads
+        self._prev = np.full((2, capacity), -1, dtype=np.int32)
+        self._heads = np.full((2, _hash_table_size(capacity)), -1, dtype=np.int32)
         self._size = 0
 
     @staticmethod
     def bytes_for(capacity: int) -> int:
-        return 8 * capacity + 4 * _hash_table_size(capacity)
+        return 12 * capacity + 8 * _hash_table_size(capacity)
 
     def __len__(self) -> int:
         return self._size
 
     @property
     def storage(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The preallocated arrays (tokens, earlier position of the same bigram, hash
-        heads), fixed for the corpus's life."""
+        """The preallocated arrays (tokens, earlier position of the same bigram and
+        token, hash heads), fixed for the corpus's life."""
         return self._tokens, self._prev, self._heads
 
     def add(self, response: list[int]) -> None:
@@ -75,7 +76,7 @@ class ResponseCorpus:
     def match(self, suffix: list[int], min_n: int, max_n: int, max_out: int,
               min_prob: float = 0.0) -> Match:
         """(match length, continuation, its support bins) of the longest repeat of ``suffix``'s end (``_match``)."""
-        if len(suffix) < 2 or max_out <= 0 or self._size == 0:
+        if not suffix or max_out <= 0 or self._size == 0:
             return NO_MATCH
         return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
                       min_prob, self.candidates_per_bigram, self._size)
@@ -103,8 +104,8 @@ class LiveResponses:
         size = self.slot_tokens * max_requests
         self.candidates_per_bigram = candidates_per_bigram
         self._tokens = np.full(size, self.SEPARATOR, dtype=np.int32)
-        self._prev = np.full(size, -1, dtype=np.int32)
-        self._heads = np.full(_hash_table_size(size), -1, dtype=np.int32)
+        self._prev = np.full((2, size), -1, dtype=np.int32)
+        self._heads = np.full((2, _hash_table_size(size)), -1, dtype=np.int32)
         self._slots: dict[str, int] = {}
         self._used = np.zeros(max_requests, dtype=np.int64)
         self._free = list(range(max_requests - 1, -1, -1))
@@ -157,7 +158,7 @@ class LiveResponses:
         """(match length, continuation, its support bins) of the longest repeat of ``suffix``'s end in the
         other requests' responses (the request's own is its context's; ``_match``)."""
         slot = self._slots.get(req_id, -1)
-        if len(suffix) < 2 or max_out <= 0 or len(self._slots) == (slot >= 0):  # no other
+        if not suffix or max_out <= 0 or len(self._slots) == (slot >= 0):  # no other
             return NO_MATCH
         skip = (slot * self.slot_tokens, (slot + 1) * self.slot_tokens) if slot >= 0 else (0, 0)
         return _match(self._tokens, self._prev, self._heads, suffix, min_n, max_n, max_out,
@@ -169,7 +170,8 @@ def warm_up_corpus() -> None:
     is timed."""
     live = LiveResponses(capacity=16, max_requests=2)
     live.extend("a", [1, 2, 3])
-    live.match("b", [1, 2], 2, 4, 4)
+    live.match("b", [1, 2], 1, 4, 4)
+    live.match("b", [7, 1], 1, 4, 4)
 
 
 def _match(tokens: np.ndarray, prev: np.ndarray, heads: np.ndarray, suffix: list[int],
@@ -180,7 +182,7 @@ def _match(tokens: np.ndarray, prev: np.ndarray, heads: np.ndarray, suffix: list
     occurrences, as for the context's own matches (``context.follow_most_frequent``)."""
     ends = np.empty(max_candidates, dtype=np.int64)
     length, num_ends = _corpus_match(tokens, prev, heads, np.asarray(suffix, dtype=np.int32),
-                                     max_n, skip[0], skip[1], ends)
+                                     max_n, min_n, skip[0], skip[1], ends)
     if length < min_n:
         return NO_MATCH
     out = np.empty(max(max_out, 0), dtype=np.int32)
@@ -203,34 +205,59 @@ def _bigram_hash(first, second, mask):
 @numba.njit(cache=True, nogil=True)
 def _corpus_append(tokens, prev, heads, size, new_tokens, separated):
     """Append ``new_tokens`` (plus a separator when ``separated``) and index their
-    bigrams; ``new_tokens`` may hold separators itself. Returns the new size.
-    (``separated`` has no default: an omitted argument is another compilation, paid
-    mid-serving by the first finished request.)"""
-    mask = heads.shape[0] - 1
+    bigrams and tokens; ``new_tokens`` may hold separators itself. Returns the new
+    size. (``separated`` has no default: an omitted argument is another compilation,
+    paid mid-serving by the first finished request.)"""
+    mask = heads.shape[1] - 1
     for token in new_tokens:
         tokens[size] = token
-        prev[size] = -1
-        if size > 0 and token >= 0 and tokens[size - 1] >= 0:
-            h = _bigram_hash(tokens[size - 1], token, mask)
-            prev[size] = heads[h]
-            heads[h] = size
+        prev[0, size] = -1
+        prev[1, size] = -1
+        if token >= 0:
+            h = token & mask
+            prev[1, size] = heads[1, h]
+            heads[1, h] = size
+            if size > 0 and tokens[size - 1] >= 0:
+                h = _bigram_hash(tokens[size - 1], token, mask)
+                prev[0, size] = heads[0, h]
+                heads[0, h] = size
         size += 1
     if separated:
         tokens[size] = -1
-        prev[size] = -1
+        prev[0, size] = -1
+        prev[1, size] = -1
         size += 1
     return size
 
 
 @numba.njit(cache=True, nogil=True)
-def _corpus_match(tokens, prev, heads, suffix, max_n, skip_start, skip_end, ends):
+def _corpus_match(tokens, prev, heads, suffix, max_n, min_n, skip_start, skip_end, ends):
     """Length of the longest earlier occurrence of ``suffix``'s end among the
     ``len(ends)`` most recent occurrences of its last bigram outside positions
-    ``[skip_start, skip_end)``, and how many of them have that length: their end
-    positions are written to ``ends``, most recent first."""
+    ``[skip_start, skip_end)`` (where none repeats and ``min_n`` is 1: of its last
+    token), and how many of them have that length: their end positions are written to
+    ``ends``, most recent first."""
     n = suffix.shape[0]
-    first, second = suffix[n - 2], suffix[n - 1]
-    position = heads[_bigram_hash(first, second, heads.shape[0] - 1)]
+    best_len, num_ends = 0, 0
+    if n >= 2:
+        best_len, num_ends = _chain_match(tokens, prev[0], heads[0], suffix, max_n, 2,
+                                          skip_start, skip_end, ends)
+    if best_len == 0 and min_n <= 1:
+        best_len, num_ends = _chain_match(tokens, prev[1], heads[1], suffix, 1, 1,
+                                          skip_start, skip_end, ends)
+    return best_len, num_ends
+
+
+@numba.njit(cache=True, nogil=True)
+def _chain_match(tokens, prev, heads, suffix, max_n, chain_n, skip_start, skip_end, ends):
+    """``_corpus_match`` along one chain: of the ``chain_n``-token suffix's end (a bigram
+    or a token)."""
+    n = suffix.shape[0]
+    last = suffix[n - 1]
+    if chain_n == 2:
+        position = heads[_bigram_hash(suffix[n - 2], last, heads.shape[0] - 1)]
+    else:
+        position = heads[last & (heads.shape[0] - 1)]
     max_candidates = ends.shape[0]
     best_len, num_ends, seen, visits = 0, 0, 0, 0
     while position >= 0 and seen < max_candidates and visits < 4 * max_candidates:
@@ -238,9 +265,10 @@ def _corpus_match(tokens, prev, heads, suffix, max_n, skip_start, skip_end, ends
         if skip_start <= position < skip_end:
             position = prev[position]
             continue
-        if tokens[position] == second and tokens[position - 1] == first:
+        if tokens[position] == last and (chain_n == 1
+                                         or tokens[position - 1] == suffix[n - 2]):
             seen += 1
-            length = 2
+            length = chain_n
             while (length < max_n and length < n and position - length >= 0
                    and tokens[position - length] == suffix[n - 1 - length]):
                 length += 1
