@@ -12,6 +12,7 @@ from proposers import Batch, make_proposer
 from vllm_lookahead.lookahead.sources.context import suffix_match
 from vllm_lookahead.lookahead.sources.corpus import LiveResponses, ResponseCorpus
 from vllm_lookahead.lookahead.sources.draft import TOKEN_SOURCES, Draft
+from vllm_lookahead.lookahead.sources.drafts import TokenAcceptance
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.lookahead.sources.support import (
     COPIED,
@@ -118,6 +119,40 @@ def test_corpus_finds_the_longest_most_recent_repeat():
     assert corpus.match([1, 2, 3], 2, 4, 5) == (3, [10, 11], [SEEN_ONCE, SEEN_ONCE])
 
 
+def test_corpus_matches_the_last_token_alone_where_no_bigram_repeats():
+    corpus = ResponseCorpus(capacity=100)
+    corpus.add([1, 2, 3, 10, 11])
+    corpus.add([9, 3, 20, 21])
+    assert corpus.match([7, 3], 2, 4, 5)[:2] == (0, [])  # "7 3" never repeats
+    assert corpus.match([7, 3], 1, 4, 5)[:2] == (1, [20, 21])  # 3 alone: most recent tie
+    assert corpus.match([3], 1, 4, 5)[:2] == (1, [20, 21])
+    assert corpus.match([2, 3], 1, 4, 5)[:2] == (2, [10, 11])  # a repeated bigram wins
+    assert corpus.match([7, 3], 1, 4, 5, min_prob=0.6)[:2] == (1, [])  # 1 of 2: below
+    assert corpus.match([7, 8], 1, 4, 5)[:2] == (0, [])
+    live = LiveResponses(capacity=24, max_requests=3)
+    live.extend("a", [1, 3, 10])
+    live.extend("b", [9, 3, 20])
+    assert live.match("c", [7, 3], 1, 4, 5)[:2] == (1, [20])
+    assert live.match("b", [7, 3], 1, 4, 5)[:2] == (1, [10])  # not its own
+
+
+def test_the_corpus_continues_a_token_the_requests_own_text_has_not():
+    """Other responses continue the last token alone only where the request's pool has
+    no continuation of it; the corpus's measured rate bounds its draft after the first
+    token, never the first."""
+    proposer, runner = make_proposer(k=3, ngram_size=2)
+    batch = Batch(runner, {"a": [1, 2, 3, 40, 41, 42, 43, 44]}, {0: 3})
+    batch.propose(proposer, [[44]])
+    proposer.on_requests_removed({"a"}, set())  # the corpus: 40 41 42 43 44
+    batch.set({"b": [5, 6, 7, 9, 41]}, {0: 4})
+    assert batch.propose(proposer, [[41]]) == [[42, 43, 44]]  # "9 41" is new: 41 alone
+    batch.set({"c": [5, 41, 50, 6, 41]}, {0: 4})
+    assert batch.propose(proposer, [[41]])[0][0] == 50  # its own "41 50", from its pool
+    proposer._sources.corpus_acceptance = TokenAcceptance(accepted=0.5, reached=10.0)
+    batch.set({"d": [5, 6, 7, 8, 41]}, {0: 4})
+    assert batch.propose(proposer, [[41]]) == [[42]]  # rate 0.05 < draft_min_prob 0.1
+
+
 #: Run in a fresh interpreter: the draft sources' start-up, then every compiled path a
 #: step takes, with the argument types the proposer passes.
 def test_corpus_keeps_the_newest_responses_within_capacity():
@@ -137,19 +172,25 @@ def test_corpus_matches_a_brute_force_search_and_keeps_fixed_memory():
     arrays = corpus.storage
     for _ in range(400):
         corpus.add([rng.randrange(6) for _ in range(rng.randint(1, 30))])
-        suffix = [rng.randrange(6) for _ in range(rng.randint(2, 8))]
-        assert corpus.match(suffix, 2, 6, 4)[:2] == brute_force_match(
-            corpus.storage[0][: len(corpus)].tolist(), suffix, 6, 4)
+        suffix = [rng.randrange(7) for _ in range(rng.randint(1, 8))]
+        for min_n in (1, 2):
+            assert corpus.match(suffix, min_n, 6, 4)[:2] == brute_force_match(
+                corpus.storage[0][: len(corpus)].tolist(), suffix, 6, 4, min_n=min_n)
     assert len(corpus) <= 500
     assert all(a is b for a, b in zip(arrays, corpus.storage))
     assert sum(a.nbytes for a in arrays) == ResponseCorpus.bytes_for(500)
 
 
-def brute_force_match(tokens, suffix, max_n, max_out, candidates=16):
-    """Longest match among the most recent occurrences of the last bigram, and the most
-    frequent continuation of the occurrences of that length (ties: most recent)."""
+def brute_force_match(tokens, suffix, max_n, max_out, candidates=16, min_n=2):
+    """Longest match among the most recent occurrences of the last bigram (with
+    ``min_n`` 1 and none: of the last token), and the most frequent continuation of the
+    occurrences of that length (ties: most recent)."""
     best_len, best_ends = brute_force_occurrences(tokens, suffix, max_n, candidates)
-    if best_len < 2:
+    if best_len < 2 and min_n <= 1:
+        best_ends = [p for p in range(len(tokens) - 1, -1, -1)
+                     if tokens[p] == suffix[-1]][:candidates]
+        best_len = 1 if best_ends else 0
+    if best_len < min_n or not best_len:
         return 0, []
     draft = []
     while len(draft) < max_out:
@@ -167,7 +208,7 @@ def brute_force_occurrences(tokens, suffix, max_n, candidates=16):
     """(longest match length, end positions of the occurrences that long, most recent
     first) among the ``candidates`` most recent occurrences of the last bigram."""
     ends = [p for p in range(len(tokens) - 1, 0, -1)
-            if tokens[p - 1 : p + 1] == suffix[-2:]][:candidates]
+            if len(suffix) >= 2 and tokens[p - 1 : p + 1] == suffix[-2:]][:candidates]
     lengths = []
     for end in ends:
         length = 2
