@@ -85,8 +85,8 @@ SLOWEST_FILES = ("test_ray.py", "test_architecture_matrix.py", "test_server.py",
 VERSION_INDEPENDENT_FILES = (
     "test_architecture.py", "test_benchmark_metrics.py", "test_benchmarks.py",
     "test_calibration.py", "test_compatibility_docs.py", "test_cost_aware_cut.py",
-    "test_docs.py", "test_draft_sources.py", "test_mtad_rule.py", "test_proposer_feedback.py",
-    "test_replay.py")
+    "test_docs.py", "test_draft_sources.py", "test_mtad_rule.py", "test_offline_measurement.py",
+    "test_proposer_feedback.py", "test_replay.py")
 #: The fast lane (``scripts/test.sh --fast``, marker ``fast``): the proposer's logic
 #: and the greedy exactness core (batch 1 and 8, chunked prefill, preemption, the
 #: defaults at batch 16, the request matrix), for the edit loop; CI runs everything.
