@@ -47,6 +47,18 @@ def test_draws_the_target_without_the_draft_token():
     assert_draws_expected(recovered_tokens)
 
 
+def test_a_placeholder_draft_position_draws_from_the_whole_target():
+    """vLLM pads a draft with -1 (a position always rejected, seen under preemption and
+    aborts): its token comes from the target itself, as vLLM's kernel draws it."""
+    torch.manual_seed(0)
+    drafts = torch.tensor([-1, DRAFT] * (SAMPLES // 2), dtype=torch.int64)
+    tokens = recovered_tokens([1] * SAMPLES, drafts, PROBS.expand(SAMPLES, -1).contiguous(), {})
+    placeholder = torch.bincount(tokens[0::2], minlength=len(PROBS)).double() / (SAMPLES // 2)
+    drafted = torch.bincount(tokens[1::2], minlength=len(PROBS)).double() / (SAMPLES // 2)
+    assert torch.allclose(placeholder, PROBS.double(), atol=0.015), placeholder
+    assert drafted[DRAFT] == 0 and torch.allclose(drafted, expected().double(), atol=0.015)
+
+
 def test_a_draw_keeping_the_draft_token_fails_the_check():
     """The check's failing control: drawing from the target itself."""
     def keeps_draft(counts, draft_ids, probs, generators):

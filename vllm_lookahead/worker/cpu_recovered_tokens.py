@@ -53,7 +53,7 @@ def recovered_tokens(num_draft_tokens: list[int], draft_token_ids: torch.Tensor,
                      target_probs: torch.Tensor,
                      generators: dict[int, Any]) -> torch.Tensor:
     """At each draft position, a token drawn from ``target_probs`` without the draft
-    token, renormalized (a row whose whole mass is on its draft token, which is then
+    token (a placeholder -1: from all of them), renormalized (a row whose whole mass is on its draft token, which is then
     always accepted, gets the last token). ``num_draft_tokens`` by request; its
     positions share one uniform number, from the request's generator if it has one."""
     uniform = torch.rand(len(num_draft_tokens), dtype=torch.float64)
@@ -61,7 +61,10 @@ def recovered_tokens(num_draft_tokens: list[int], draft_token_ids: torch.Tensor,
         if num_draft_tokens[row] > 0:
             uniform[row] = torch.rand(1, dtype=torch.float64, generator=generator)
     cdf = target_probs.to(torch.float64, copy=True)
-    cdf.scatter_(1, draft_token_ids.view(-1, 1).long(), 0.0)
+    # -1: vLLM's placeholder for a padded draft position (always rejected): its token
+    # comes from the whole target distribution, as vLLM's kernel draws it
+    drafted = torch.nonzero(draft_token_ids.view(-1) >= 0).view(-1)
+    cdf[drafted, draft_token_ids.view(-1)[drafted].long()] = 0.0
     cdf = cdf.cumsum_(-1)
     targets = uniform.repeat_interleave(torch.tensor(num_draft_tokens)) * cdf[:, -1]
     tokens = torch.searchsorted(cdf, targets.unsqueeze(-1), right=True).view(-1)
