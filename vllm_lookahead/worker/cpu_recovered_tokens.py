@@ -53,9 +53,10 @@ def recovered_tokens(num_draft_tokens: list[int], draft_token_ids: torch.Tensor,
                      target_probs: torch.Tensor,
                      generators: dict[int, Any]) -> torch.Tensor:
     """At each draft position, a token drawn from ``target_probs`` without the draft
-    token (a placeholder -1: from all of them), renormalized (a row whose whole mass is on its draft token, which is then
-    always accepted, gets the last token). ``num_draft_tokens`` by request; its
-    positions share one uniform number, from the request's generator if it has one."""
+    token (a placeholder -1: from all of them), renormalized (a row whose whole mass is
+    on its draft token, which is then always accepted, gets the last token).
+    ``num_draft_tokens`` by request; its positions share one uniform number, from the
+    request's generator if it has one."""
     uniform = torch.rand(len(num_draft_tokens), dtype=torch.float64)
     for row, generator in generators.items():
         if num_draft_tokens[row] > 0:
