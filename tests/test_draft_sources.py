@@ -153,6 +153,17 @@ def test_the_corpus_continues_a_token_the_requests_own_text_has_not():
     assert batch.propose(proposer, [[41]]) == [[42]]  # rate 0.05 < draft_min_prob 0.1
 
 
+def test_a_pool_that_does_not_draft_leaves_the_last_token_to_the_corpus():
+    """With guess_set_size 0 the pool drafts nothing, so its continuations of the last
+    token do not keep the corpus from continuing it."""
+    proposer, runner = make_proposer(k=3, ngram_size=2, guess_set_size=0)
+    batch = Batch(runner, {"a": [1, 2, 3, 40, 41, 42, 43, 44]}, {0: 3})
+    batch.propose(proposer, [[44]])
+    proposer.on_requests_removed({"a"}, set())
+    batch.set({"c": [5, 41, 50, 6, 41]}, {0: 4})
+    assert batch.propose(proposer, [[41]]) == [[42, 43, 44]]
+
+
 #: Run in a fresh interpreter: the draft sources' start-up, then every compiled path a
 #: step takes, with the argument types the proposer passes.
 def test_corpus_keeps_the_newest_responses_within_capacity():

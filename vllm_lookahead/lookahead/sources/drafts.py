@@ -109,9 +109,8 @@ class DraftSources:
         drafts = []
         for b, (row, req_id, state) in enumerate(zip(rows, req_ids, states)):
             limit, least = int(limits[b]), float(min_prob[b])
-            pool_knows_key = bool(state.pool.candidates(state.pending_token, 1))
-            draft = self._matched_continuation(b, req_id, token_ids_cpu[row], int(num_tokens[b]),
-                                               limit, least, pool_knows_key)
+            draft = self._matched_continuation(b, req_id, state, token_ids_cpu[row],
+                                               int(num_tokens[b]), limit, least)
             draft.from_lattice, prob = self._fill_from_pool(state, draft, limit, least,
                                                             self._match_estimate(b, draft))
             draft.from_pool = len(draft.tokens) - draft.matched
@@ -124,12 +123,12 @@ class DraftSources:
             drafts.append(draft)
         return drafts
 
-    def _matched_continuation(self, b: int, req_id: str, tokens: np.ndarray,
-                              num_tokens: int, limit: int, min_prob: float,
-                              pool_knows_key: bool) -> Draft:
+    def _matched_continuation(self, b: int, req_id: str, state: DraftingRequest,
+                              tokens: np.ndarray, num_tokens: int, limit: int,
+                              min_prob: float) -> Draft:
         """The context's own match (batch slot ``b``) or a longer one in the corpus of
         finished responses or in the other requests' live ones (of the last token alone
-        unless ``pool_knows_key``), as long as the corpus's measured acceptance keeps
+        where the request's pool would not continue it), as long as the corpus's measured acceptance keeps
         its tokens after the first above ``min_prob``."""
         opts = self.options
         count = self._match_count[b]
@@ -137,7 +136,9 @@ class DraftSources:
         own_length = self._match_len[b]
         if own_length < opts.suffix_match_max and (len(self.corpus) or len(self.live)):
             suffix = tokens[max(0, num_tokens - opts.suffix_match_max) : num_tokens].tolist()
-            shortest = max(opts.suffix_match_min, 2) if pool_knows_key else 1
+            pool_continues = bool(state.pool.candidates(state.pending_token,
+                                                        opts.guess_set_size))
+            shortest = max(opts.suffix_match_min, 2) if pool_continues else 1
             bounds = (shortest, opts.suffix_match_max,
                       min(limit, max(1, self.corpus_acceptance.tokens_above(min_prob))),
                       min_prob)
