@@ -36,6 +36,7 @@ MODES = ("latency", "throughput")
 #: engine's threads need.
 SWITCH_PAUSE_SECONDS = 0.25
 
+
 def measure_offline(mode: str, model_path: str, speculative_config: dict | None,
                     engine_args: dict, dataset: str, conversations: Conversations,
                     sampling: dict, on_request: Callable[[], None]) -> dict:

@@ -314,18 +314,15 @@ def _measure(run: dict, model_path: str, engine_args: dict, dataset: str,
     config = run["speculative_config"]
     try:
         if run["mode"] == "server":
-            measurement = measure_server(
+            outcome = measure_server(
                 model_path, config, seeded, dataset, conversations, sampling, concurrency,
                 args.request_timeout, args.server_startup_timeout, on_request)
         else:
-            measurement = measure_offline(run["mode"], model_path, config, seeded, dataset,
-                                          conversations, sampling, on_request)
+            outcome = measure_offline(run["mode"], model_path, config, seeded, dataset,
+                                      conversations, sampling, on_request)
     except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
-        traceback.print_exc()
-        _failed(run, exc)
-        return
-    measurements.append({"method": run["method"], "seed": seed,
-                         "temperature": args.temperature, **measurement})
+        outcome = exc
+    _record(run, outcome, seed, args, measurements)
 
 
 def _measure_interleaved(runs: list[dict], model_path: str, engine_args: dict, dataset: str,
@@ -341,13 +338,7 @@ def _measure_interleaved(runs: list[dict], model_path: str, engine_args: dict, d
     outcome = measure_latency_interleaved(model_path, methods, dataset, conversations,
                                           _sampling(args), on_request)
     for run in runs:
-        result = outcome[run["method"]]
-        if isinstance(result, Exception):
-            traceback.print_exception(result)
-            _failed(run, result)
-        else:
-            measurements.append({"method": run["method"], "seed": seed,
-                                 "temperature": args.temperature, **result})
+        _record(run, outcome[run["method"]], seed, args, measurements)
 
 
 def _sampling(args) -> dict:
@@ -359,8 +350,16 @@ def _seeded_engine_args(run: dict, engine_args: dict, seed: int, args) -> dict:
     return {**engine_args, **args.method_engine_args.get(run["method"], {}), "seed": seed}
 
 
-def _failed(run: dict, exc: Exception) -> None:
-    run.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+def _record(run: dict, outcome: dict | Exception, seed: int, args,
+            measurements: list[dict]) -> None:
+    """A method's measurement into the results, or its failure into its run (the
+    traceback printed; the run goes on)."""
+    if isinstance(outcome, Exception):
+        traceback.print_exception(outcome)
+        run.update(status="failed", reason=f"{type(outcome).__name__}: {outcome}")
+    else:
+        measurements.append({"method": run["method"], "seed": seed,
+                             "temperature": args.temperature, **outcome})
 
 
 def _save(results: dict, path: Path) -> None:
