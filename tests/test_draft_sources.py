@@ -12,7 +12,7 @@ from proposers import Batch, make_proposer
 from vllm_lookahead.lookahead.sources.context import suffix_match
 from vllm_lookahead.lookahead.sources.corpus import LiveResponses, ResponseCorpus
 from vllm_lookahead.lookahead.sources.draft import TOKEN_SOURCES, Draft
-from vllm_lookahead.lookahead.sources.drafts import TokenAcceptance
+from vllm_lookahead.lookahead.sources.drafts import CORPUS_MATCH_MARGIN, TokenAcceptance
 from vllm_lookahead.lookahead.sources.pool import NgramPool
 from vllm_lookahead.lookahead.sources.support import (
     COPIED,
@@ -151,6 +151,20 @@ def test_the_corpus_continues_a_token_the_requests_own_text_has_not():
     proposer._sources.corpus_acceptance = TokenAcceptance(accepted=0.5, reached=10.0)
     batch.set({"d": [5, 6, 7, 8, 41]}, {0: 4})
     assert batch.propose(proposer, [[41]]) == [[42]]  # rate 0.05 < draft_min_prob 0.1
+
+
+def test_another_response_drafts_over_the_context_only_where_its_match_is_much_longer():
+    """The context's own two-token match (4 5 -> 60) drafts over another response's
+    match of four tokens (2 3 4 5 -> 70); one of six (2 + CORPUS_MATCH_MARGIN) wins."""
+    assert CORPUS_MATCH_MARGIN == 4  # the contexts below are built for it
+    proposer, runner = make_proposer(k=3, ngram_size=2)
+    batch = Batch(runner, {"a": [1, 2, 3, 9, 8, 2, 3, 4, 5, 70, 71, 72]}, {0: 3})
+    batch.propose(proposer, [[72]])
+    proposer.on_requests_removed({"a"}, set())  # the corpus: 9 8 2 3 4 5 70 71 72
+    batch.set({"b": [30, 4, 5, 60, 61, 62, 31, 2, 3, 4, 5]}, {0: 6})
+    assert batch.propose(proposer, [[5]])[0][0] == 60
+    batch.set({"c": [30, 4, 5, 60, 61, 62, 9, 8, 2, 3, 4, 5]}, {0: 6})
+    assert batch.propose(proposer, [[5]])[0] == [70, 71, 72]
 
 
 def test_a_pool_that_does_not_draft_leaves_the_last_token_to_the_corpus():
