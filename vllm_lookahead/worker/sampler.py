@@ -56,11 +56,15 @@ def _route_verification(rejection_sampler: Any, observer: Any,
     observer and rule while this runner verifies. Engines in one process (offline,
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) each keep theirs: a plain engine started beside
     a lookahead one no longer silences its feedback, nor does MTAD's joint rule verify
-    another engine's drafts."""
+    another engine's drafts. A step that verifies no draft token goes to the sampler
+    alone (``samples_alone``), but where the drafter's own rule verifies."""
     original = rejection_sampler.forward
 
     def forward(*args, **kwargs):
         global _observer, _acceptance_rule
+        if rule is None and samples_alone(*args, **kwargs):
+            return rejection_sampler.sampler(logits=args[2], sampling_metadata=args[3],
+                                             predict_bonus_token=True)
         outer = _observer, _acceptance_rule
         _observer, _acceptance_rule = observer, rule
         try:
@@ -69,6 +73,22 @@ def _route_verification(rejection_sampler: Any, observer: Any,
             _observer, _acceptance_rule = outer
 
     rejection_sampler.forward = forward
+
+
+def samples_alone(*args: Any, **kwargs: Any) -> bool:
+    """Whether vLLM's ``RejectionSampler.forward(metadata, draft_probs, logits,
+    sampling_metadata)`` verifies no draft token and returns no log-probabilities: then
+    its bonus tokens are all it samples, and its sampler alone gives them from the same
+    logits and random draws, as a non-speculative engine's would. Under load most
+    sampled steps are such (T 1.0, 16 requests, 2-core CPU: 290 of 384), and vLLM's
+    path around the sampler (a copy of the logits for log-probabilities nobody asked
+    for, constraints on an empty target) cost 0.9 ms of a 70 ms step."""
+    if len(args) != 4 or kwargs or tree_step.active_step() is not None:
+        return False
+    metadata, _, logits, sampling_metadata = args
+    return (metadata.max_spec_len == 0 and logits.shape[0] == len(metadata.num_draft_tokens)
+            and sampling_metadata.max_num_logprobs is None
+            and not getattr(sampling_metadata, "logprob_token_ids", None))
 
 
 def _observe_last_positions(sampler: Any, drafter: Any) -> None:
