@@ -108,14 +108,15 @@ def undrafted_metadata(rows: int):
         bonus_logits_indices=rows_, logits_indices=rows_)
 
 
-def rejection_sampler_of(monkeypatch):
-    """vLLM's ``RejectionSampler`` over its ``Sampler``, its undrafted verdict the bonus
-    tokens (``bonus_tokens_only``, which ``test_the_verdict_is_vllms`` holds to vLLM's),
-    with the plugin's CPU fixes."""
+def rejection_sampler_of(monkeypatch, rejection_sample=None):
+    """vLLM's ``RejectionSampler`` over its ``Sampler``, with the plugin's CPU fixes;
+    its verdict ``rejection_sample``'s, by default vLLM's behind the plugin's hook (on a
+    step without draft tokens the bonus tokens, ``bonus_tokens_only``, which
+    ``test_the_verdict_is_vllms`` holds to vLLM's)."""
     from vllm.v1.sample.sampler import Sampler
 
     monkeypatch.setattr(rejection_sampler, "rejection_sample",
-                        _hooked_rejection_sample(VLLM_REJECTION_SAMPLE))
+                        rejection_sample or _hooked_rejection_sample(VLLM_REJECTION_SAMPLE))
     if cpu_expand_is_broken():
         monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
     return rejection_sampler.RejectionSampler(Sampler())
@@ -131,16 +132,15 @@ def test_a_step_without_drafts_samples_as_vllms_rejection_sampler(
     logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(0))
     metadata = undrafted_metadata(rows)
     verifier = rejection_sampler_of(monkeypatch)
-    outputs = []
+    by_route: dict[bool, list[torch.Tensor]] = {False: [], True: []}
     for route in (False, True):
         if route:
             _route_verification(verifier, None, None)
         for seed in range(20):
             torch.manual_seed(seed)
-            outputs.append((route, seed, verifier.forward(
+            by_route[route].append(verifier.forward(
                 metadata, None, logits.clone(),
-                real_sampling_metadata(temperatures, seeded_row)).sampled_token_ids))
-    by_route = {route: [out for r, _, out in outputs if r is route] for route in (False, True)}
+                real_sampling_metadata(temperatures, seeded_row)).sampled_token_ids)
     for vllms, alone in zip(by_route[False], by_route[True]):
         assert alone.dtype == vllms.dtype and alone.tolist() == vllms.tolist()
     if any(temperatures):  # the seeds did draw different tokens
@@ -157,12 +157,8 @@ def test_only_steps_without_drafts_or_logprobs_skip_vllms_verification(monkeypat
         verified.append(list(num_draft_tokens))
         return torch.zeros(len(num_draft_tokens), max_spec_len + 1, dtype=torch.int32)
 
-    from vllm.v1.sample.sampler import Sampler
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-    if cpu_expand_is_broken():
-        monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens)
-    monkeypatch.setattr(rejection_sampler, "rejection_sample", rejection_sample)
     logits = torch.randn(4, VOCAB)
     drafted = SpecDecodeMetadata(
         draft_token_ids=torch.tensor([3], dtype=torch.int32), num_draft_tokens=[0, 1, 0],
@@ -171,7 +167,7 @@ def test_only_steps_without_drafts_or_logprobs_skip_vllms_verification(monkeypat
         target_logits_indices=torch.tensor([1], dtype=torch.int32),
         bonus_logits_indices=torch.tensor([0, 2, 3], dtype=torch.int32),
         logits_indices=torch.arange(4, dtype=torch.int32))
-    plain = rejection_sampler.RejectionSampler(Sampler())
+    plain = rejection_sampler_of(monkeypatch, rejection_sample)
     _route_verification(plain, None, None)
     sampled = real_sampling_metadata([0.0, 0.7, 1.0])
     plain.forward(undrafted_metadata(3), None, logits[:3].clone(), sampled)
@@ -181,7 +177,7 @@ def test_only_steps_without_drafts_or_logprobs_skip_vllms_verification(monkeypat
     plain.forward(undrafted_metadata(3), None, logits[:3].clone(),
                   real_sampling_metadata([0.0, 0.0, 0.0], max_num_logprobs=2))
     assert verified == [[0, 1, 0], [0, 0, 0]]
-    ruled = rejection_sampler.RejectionSampler(Sampler())
+    ruled = rejection_sampler_of(monkeypatch, rejection_sample)
     _route_verification(ruled, None, lambda *args: None)
     ruled.forward(undrafted_metadata(3), None, logits[:3].clone(), sampled)
     assert verified == [[0, 1, 0], [0, 0, 0], [0, 0, 0]]
