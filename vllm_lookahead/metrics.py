@@ -92,6 +92,9 @@ LOOKAHEAD_COUNTERS = [
     ("vllm:lookahead_undrafted_steps", "undrafted_steps",
      "Decode steps not drafted: at their load no draft token could pay for its compute, "
      "even one certain to be accepted (cost-aware cut)."),
+    ("vllm:lookahead_resting_drafts", "resting_drafts",
+     "Requests not drafted in a step because the cut had dropped their last drafts "
+     "whole (they rest a few steps)."),
 ]
 LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_pool_ngrams", "pool_ngrams",
@@ -189,6 +192,7 @@ class ProposerStats:
     filled_steps: int = 0  # steps whose drafts were filled to K (``uniform_drafts``)
     tree_steps: int = 0  # steps with at least one tree draft
     undrafted_steps: int = 0  # steps where no draft token could pay (``cut.may_keep_any``)
+    resting_drafts: int = 0  # requests a step not drafted while resting (``rests.py``)
     recycled_rows: int = 0  # top-k rows written into the recycled table
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)

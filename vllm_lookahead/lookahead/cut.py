@@ -47,6 +47,8 @@ CUT_LOG_INTERVAL_S = 10.0
 EXPOSURE_PER_CHECKED_TOKEN = 0.5
 #: ... but always this many, or the step's longest draft or free tokens.
 MIN_EXPOSURE = 32
+#: The token classes of an empty draft (a resting request's, or the sources had none).
+NO_CLASSES = np.zeros(0, dtype=np.int64)
 
 
 class CostAwareCut:
@@ -96,7 +98,7 @@ class CostAwareCut:
         """In a step that is cut (not filled, with a cost curve), estimate each draft
         token's acceptance and cut the drafts to the step's budget; keep every draft, as
         proposed, to check in hindsight."""
-        classes = [draft.token_classes() for draft in main]
+        classes = [draft.token_classes() if draft.tokens else NO_CLASSES for draft in main]
         proposed = [np.array(draft.tokens, dtype=np.int64) for draft in main]
         first_rates = {c: self._depth_acceptance[c].first_token_rates()
                        for c in {state.sampling_class for state in states}}

@@ -1,6 +1,6 @@
 """Planning a step's drafts: each decoding request's bound, what the step affords
-(``budget.StepPlan``), the sources' main drafts (``sources/``), the cost-aware cut
-(``cut.py``), then trees (``trees.py``) or drafts filled to K (``uniform_drafts.py``).
+(``budget.StepPlan``), the sources' main drafts (``sources/``) of the requests not
+resting (``rests.py``), the cost-aware cut (``cut.py``), then trees (``trees.py``) or drafts filled to K (``uniform_drafts.py``).
 Each main draft is kept, with where its tokens came from, for the next pass's
 feedback."""
 
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead.lookahead import trees
+from vllm_lookahead.lookahead.rests import settle_rests, take_rests
 from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
 from vllm_lookahead.lookahead.cut import CostAwareCut
 from vllm_lookahead.lookahead.options import LookaheadOptions
@@ -62,9 +63,16 @@ class DraftPlanner:
                 state.draft, state.draft_origin = [], None
                 state.drop_tree()
             return drafts
-        main = self._main_drafts(decoding, token_ids_cpu, num_tokens, bounds, plan.fill)
+        cut = self.options.cost_aware_drafts and not plan.fill and plan.step_cost is not None
+        resting = take_rests(states) if cut else np.zeros(len(states), dtype=bool)
+        self._stats.resting_drafts += int(resting.sum())
+        main = self._main_drafts(decoding, token_ids_cpu, num_tokens, bounds, plan.fill,
+                                 resting)
+        proposed = [len(draft.tokens) for draft in main]
         if self.options.cost_aware_drafts:
             self._cut.apply(main, states, num_tokens, plan)
+        if cut:
+            settle_rests(states, proposed, [len(draft.tokens) for draft in main], resting)
         for row, draft, state in zip(rows, main, states):
             drafts[row] = list(draft.tokens)
             state.drop_tree()  # linear unless grown below
@@ -109,18 +117,31 @@ class DraftPlanner:
         return bounds
 
     def _main_drafts(self, decoding: DecodingRows, token_ids_cpu: np.ndarray,
-                     num_tokens: np.ndarray, bounds: np.ndarray, fill: bool) -> list[Draft]:
+                     num_tokens: np.ndarray, bounds: np.ndarray, fill: bool,
+                     resting: np.ndarray) -> list[Draft]:
         """The sources' drafts, each up to its request's adaptive limit and minimum
         probability; up to K in a filled step, whose every slot is computed anyway (past
-        the probability that saves compute elsewhere)."""
+        the probability that saves compute elsewhere); empty for the ``resting``."""
         states = decoding.states
         if fill:
             limits, min_prob = bounds, np.zeros(len(states))
         else:
             limits = np.minimum(bounds, [state.draft_limit for state in states])
             min_prob = np.array([state.draft_min_prob for state in states])
-        return self._sources.draft(decoding.rows, decoding.req_ids, states, token_ids_cpu,
-                                   num_tokens, limits, min_prob)
+        if not resting.any():
+            return self._sources.draft(decoding.rows, decoding.req_ids, states,
+                                       token_ids_cpu, num_tokens, limits, min_prob)
+        main = [Draft([]) for _ in states]
+        drafting = np.flatnonzero(~resting)
+        pick = drafting.tolist()
+        if not pick:
+            return main
+        for b, draft in zip(pick, self._sources.draft(
+                [decoding.rows[b] for b in pick], [decoding.req_ids[b] for b in pick],
+                [states[b] for b in pick], token_ids_cpu, num_tokens[drafting],
+                limits[drafting], min_prob[drafting])):
+            main[b] = draft
+        return main
 
     def _fill(self, rows: list[int], main: list[Draft], states: list[RequestState],
               bounds: np.ndarray, drafts: list[list[int]]) -> None:
@@ -133,9 +154,10 @@ class DraftPlanner:
         self.filled = True
 
     def _remember(self, main: list[Draft], states: list[RequestState]) -> None:
-        """Keep each main draft and its origin for the next pass's feedback; count it."""
+        """Keep each main draft and its origin (none for an empty one: nothing to
+        learn from) for the next pass's feedback; count it."""
         for state, draft in zip(states, main):
-            state.draft, state.draft_origin = draft.tokens, draft
+            state.draft, state.draft_origin = draft.tokens, draft if draft.tokens else None
             if draft.tokens:
                 self._stats.drafts += 1
                 self._stats.draft_tokens += len(draft.tokens)

@@ -56,6 +56,10 @@ class RequestState:
     first_expected: float = 0.0
     first_confirmed: float = 0.0
     hindsight: Hindsight = field(default_factory=Hindsight)
+    # proposed drafts the cut dropped whole in a row, and steps left in the rest from
+    # drafting they earned (``rests.py``)
+    whole_drops: int = 0
+    rest_left: int = 0
     # tree drafts (``tree_candidates``, ``tree_window``): ``draft`` is the main chain,
     # the first nodes of the tree; ``tree`` what vLLM was given: (tokens, parents) of
     # ``[pending_token] + nodes``

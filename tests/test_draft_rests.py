@@ -1,0 +1,66 @@
+"""Requests whose drafts the cut keeps dropping whole rest from drafting
+(``lookahead/rests.py``), replayed on a simulated clock: no model, no wall-clock
+timing."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.replay.loop import Request, replay
+from benchmarks.replay.replayers import LookaheadReplayer
+from test_cost_aware_cut import CHEAP, DEFAULT, EXPENSIVE, noise, synthetic_requests
+from vllm_lookahead.lookahead import rests
+
+
+def drafted_rows(batch_size: int, requests: list[Request], step_cost=EXPENSIVE):
+    """Replay ``requests`` ``batch_size`` at a time; the proposer's counters, the rows
+    the sources were asked to draft over all steps, and (tokens, passes) per request."""
+    replayer = LookaheadReplayer(DEFAULT, batch_size)
+    sources = replayer.proposer._sources
+    draft = sources.draft
+    asked: list[int] = []
+    sources.draft = lambda *args: asked.append(len(args[0])) or draft(*args)
+    results = replay(lambda: replayer, requests, step_cost)
+    return replayer.proposer.stats, sum(asked), [(tokens, passes)
+                                                 for tokens, passes, _, _ in results]
+
+
+def load(copying: bool) -> list[Request]:
+    """16 requests on rarely predictable text, and with ``copying`` one of them
+    copying an edited function out of its prompt instead."""
+    rng = np.random.default_rng(1)
+    requests = [Request("s", "noise", noise(rng, 50), noise(rng, 200)) for _ in range(16)]
+    if copying:
+        requests[0] = synthetic_requests()["copy"]
+    return requests
+
+
+def test_requests_rarely_predicted_under_load_rest_from_drafting():
+    """Under load whose drafts the cut drops nearly always, the sources are asked for
+    a fraction of the requests' steps (each asked for every step without rests)."""
+    stats, asked, _ = drafted_rows(16, load(copying=False))
+    assert stats.resting_drafts > 0.5 * stats.request_passes
+    assert asked + stats.resting_drafts == stats.request_passes
+    assert asked < 0.5 * stats.request_passes
+
+
+def test_a_copied_span_under_load_is_drafted_long_despite_rests(monkeypatch):
+    """The copying request among rarely predicted ones keeps nearly all its compression
+    (it rests through its free text, then drafts the copy: at most ``MAX_REST_STEPS``
+    late); the others rest. Rests of up to 4 steps lost it 11 % of its S."""
+    copying = {}
+    for rest_steps in (0, rests.MAX_REST_STEPS):
+        monkeypatch.setattr(rests, "MAX_REST_STEPS", rest_steps)
+        stats, _, results = drafted_rows(16, load(copying=True), CHEAP)
+        tokens, passes = results[0]
+        copying[rest_steps] = tokens / passes
+        assert (stats.resting_drafts > 0) == bool(rest_steps)
+    assert copying[0] > 2.5
+    assert copying[rests.MAX_REST_STEPS] >= 0.92 * copying[0]
+
+
+def test_a_few_requests_never_rest():
+    """Below ``rests.MIN_REQUESTS`` a request's proposal costs little against its share
+    of the step, and a copied span drafted late costs it whole steps."""
+    stats, asked, _ = drafted_rows(rests.MIN_REQUESTS - 1, load(copying=False))
+    assert stats.resting_drafts == 0 and asked == stats.request_passes
