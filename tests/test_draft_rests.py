@@ -5,11 +5,13 @@ timing."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks.replay.loop import Request, replay
 from benchmarks.replay.replayers import LookaheadReplayer
 from test_cost_aware_cut import CHEAP, DEFAULT, EXPENSIVE, noise, synthetic_requests
 from vllm_lookahead.lookahead import rests
+from vllm_lookahead.lookahead.state import RequestState
 
 
 def drafted_rows(batch_size: int, requests: list[Request], step_cost=EXPENSIVE):
@@ -64,3 +66,24 @@ def test_a_few_requests_never_rest():
     of the step, and a copied span drafted late costs it whole steps."""
     stats, asked, _ = drafted_rows(rests.MIN_REQUESTS - 1, load(copying=False))
     assert stats.resting_drafts == 0 and asked == stats.request_passes
+
+
+@pytest.mark.parametrize("kept_every", [0, 3], ids=["never-kept", "kept-after-two-drops"])
+def test_a_sampling_class_rests_only_where_drafts_after_whole_drops_stay_dropped(kept_every):
+    """16 requests of one class proposing every step they do not rest: where every draft
+    is dropped whole they rest; where every third is kept (a greedy text's growing
+    match), a draft after two whole drops is kept, and the class does not rest."""
+    draft_rests = rests.DraftRests()
+    states = [RequestState(None, 0, 0) for _ in range(16)]
+    resting_steps = 0
+    for step in range(200):
+        resting = draft_rests.take(states)
+        resting_steps += int(resting.sum())
+        kept = [5 if kept_every and (step + b) % kept_every == 0 else 0
+                for b in range(len(states))]
+        draft_rests.settle(states, [5] * len(states), kept, resting)
+    assert draft_rests.resting_classes()[0] == (kept_every == 0)
+    if kept_every:
+        assert resting_steps < 0.05 * 200 * len(states)  # only while evidence came in
+    else:
+        assert resting_steps > 0.4 * 200 * len(states)

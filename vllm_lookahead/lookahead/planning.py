@@ -1,6 +1,7 @@
 """Planning a step's drafts: each decoding request's bound, what the step affords
 (``budget.StepPlan``), the sources' main drafts (``sources/``) of the requests not
-resting (``rests.py``), the cost-aware cut (``cut.py``), then trees (``trees.py``) or drafts filled to K (``uniform_drafts.py``).
+resting (``rests.py``), the cost-aware cut (``cut.py``), then trees (``trees.py``) or
+drafts filled to K (``uniform_drafts.py``).
 Each main draft is kept, with where its tokens came from, for the next pass's
 feedback."""
 
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead.lookahead import trees
-from vllm_lookahead.lookahead.rests import settle_rests, take_rests
+from vllm_lookahead.lookahead.rests import DraftRests
 from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
 from vllm_lookahead.lookahead.cut import CostAwareCut
 from vllm_lookahead.lookahead.options import LookaheadOptions
@@ -40,6 +41,7 @@ class DraftPlanner:
         self._tree_yields = estimates.tree_yields
         self._stats = stats
         self._cut = CostAwareCut(estimates, cost_model, stats)
+        self._rests = DraftRests()
         #: the last step's drafts were filled to K: it grew no trees
         self.filled = False
 
@@ -64,7 +66,7 @@ class DraftPlanner:
                 state.drop_tree()
             return drafts
         cut = self.options.cost_aware_drafts and not plan.fill and plan.step_cost is not None
-        resting = take_rests(states) if cut else np.zeros(len(states), dtype=bool)
+        resting = self._rests.take(states) if cut else np.zeros(len(states), dtype=bool)
         self._stats.resting_drafts += int(resting.sum())
         main = self._main_drafts(decoding, token_ids_cpu, num_tokens, bounds, plan.fill,
                                  resting)
@@ -72,7 +74,7 @@ class DraftPlanner:
         if self.options.cost_aware_drafts:
             self._cut.apply(main, states, num_tokens, plan)
         if cut:
-            settle_rests(states, proposed, [len(draft.tokens) for draft in main], resting)
+            self._rests.settle(states, proposed, [len(draft.tokens) for draft in main], resting)
         for row, draft, state in zip(rows, main, states):
             drafts[row] = list(draft.tokens)
             state.drop_tree()  # linear unless grown below
