@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead.lookahead import trees
-from vllm_lookahead.lookahead.rests import DraftRests
 from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
 from vllm_lookahead.lookahead.cut import CostAwareCut
 from vllm_lookahead.lookahead.options import LookaheadOptions
+from vllm_lookahead.lookahead.rests import DraftRests
 from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.sources.drafts import DraftSources
 from vllm_lookahead.lookahead.state import DecodingRows, RequestState
@@ -135,14 +135,14 @@ class DraftPlanner:
                                        token_ids_cpu, num_tokens, limits, min_prob)
         main = [Draft([]) for _ in states]
         drafting = np.flatnonzero(~resting)
-        pick = drafting.tolist()
-        if not pick:
-            return main
-        for b, draft in zip(pick, self._sources.draft(
-                [decoding.rows[b] for b in pick], [decoding.req_ids[b] for b in pick],
-                [states[b] for b in pick], token_ids_cpu, num_tokens[drafting],
-                limits[drafting], min_prob[drafting])):
-            main[b] = draft
+        if len(drafting):
+            picked = drafting.tolist()
+            drafted = self._sources.draft(
+                [decoding.rows[b] for b in picked], [decoding.req_ids[b] for b in picked],
+                [states[b] for b in picked], token_ids_cpu, num_tokens[drafting],
+                limits[drafting], min_prob[drafting])
+            for b, draft in zip(picked, drafted):
+                main[b] = draft
         return main
 
     def _fill(self, rows: list[int], main: list[Draft], states: list[RequestState],
