@@ -56,7 +56,9 @@ def cli_flags(engine_args: dict) -> list[str]:
 
 
 class ApiServer:
-    """A vLLM OpenAI server subprocess in its own process group, stopped on exit."""
+    """A vLLM OpenAI server subprocess in its own process group, stopped on exit, also
+    when the harness is sent SIGTERM (``kill``, a timeout): in its own session the
+    server would otherwise outlive the harness and load the machine of the next run."""
 
     def __init__(self, model_path: str, speculative_config: dict | None, engine_args: dict,
                  startup_timeout: float):
@@ -73,11 +75,13 @@ class ApiServer:
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in __exit__
             "w+", prefix="vllm-server-", suffix=".log", delete=False)
         self._process: subprocess.Popen | None = None
+        self._previous_sigterm: object = None
 
     def __enter__(self) -> ApiServer:  # noqa: PYI034 - Self needs Python 3.11
         import httpx
 
         started = time.perf_counter()
+        self._previous_sigterm = _exit_on_sigterm()
         self._process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         try:
@@ -106,6 +110,9 @@ class ApiServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self._process.pid, signal.SIGKILL)
                 self._process.wait()
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
         self._log.close()
         os.unlink(self._log.name)
 
@@ -217,6 +224,16 @@ async def _stream_completion(client, server: ApiServer, record: RequestRecord, p
     if usage_tokens != len(record.output):
         raise RuntimeError(f"streamed {len(record.output)} token ids but usage reports "
                            f"{usage_tokens} completion tokens")
+
+
+def _exit_on_sigterm() -> object:
+    """SIGTERM raises SystemExit (so ``with`` blocks stop their servers); the handler it
+    replaced, or None off the main thread (where handlers cannot be set)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
 
 
 def _free_port() -> int:

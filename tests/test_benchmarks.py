@@ -4,7 +4,11 @@ engine)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -197,6 +201,48 @@ def test_engine_args_become_server_flags():
                       "max_model_len": 4096, "compilation_config": {"mode": 0}}) == [
         "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
         "--max-model-len", "4096", "--compilation-config", '{"mode": 0}']
+
+
+#: A harness holding a stand-in server (an HTTP server whose /health answers 200).
+HARNESS_HOLDING_A_SERVER = """
+import pathlib, sys, tempfile, time
+from benchmarks.server import HOST, ApiServer
+health = pathlib.Path(tempfile.mkdtemp())
+(health / "health").write_text("ok")
+server = ApiServer("unused", None, {}, startup_timeout=60)
+server.command = [sys.executable, "-m", "http.server", "--bind", HOST, "--directory",
+                  str(health), str(server.port)]
+with server:
+    print(server.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_harness_sent_sigterm_stops_its_server():
+    """Started in its own session, the server outlived a harness stopped by SIGTERM."""
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS_HOLDING_A_SERVER],
+                               stdout=subprocess.PIPE, text=True,
+                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    server_pid = int(harness.stdout.readline())
+    try:
+        harness.send_signal(signal.SIGTERM)
+        harness.wait(timeout=60)
+        deadline = time.monotonic() + 10
+        while _running(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(server_pid), "the server outlived its harness"
+    finally:
+        if _running(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not running
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # -- run folders ----------------------------------------------------------------------
