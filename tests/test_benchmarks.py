@@ -223,7 +223,9 @@ def test_a_harness_sent_sigterm_stops_its_server():
     harness = subprocess.Popen([sys.executable, "-c", HARNESS_HOLDING_A_SERVER],
                                stdout=subprocess.PIPE, text=True,
                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    server_pid = int(harness.stdout.readline())
+    line = harness.stdout.readline()
+    assert line, "the harness did not start its stand-in server"
+    server_pid = int(line)
     try:
         harness.send_signal(signal.SIGTERM)
         harness.wait(timeout=60)
