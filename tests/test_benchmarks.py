@@ -205,9 +205,9 @@ def test_engine_args_become_server_flags():
 
 #: A harness holding a stand-in server (an HTTP server whose /health answers 200).
 HARNESS_HOLDING_A_SERVER = """
-import pathlib, sys, tempfile, time
+import pathlib, sys, time
 from benchmarks.server import HOST, ApiServer
-health = pathlib.Path(tempfile.mkdtemp())
+health = pathlib.Path(sys.argv[1])
 (health / "health").write_text("ok")
 server = ApiServer("unused", None, {}, startup_timeout=60)
 server.command = [sys.executable, "-m", "http.server", "--bind", HOST, "--directory",
@@ -218,9 +218,9 @@ with server:
 """
 
 
-def test_a_harness_sent_sigterm_stops_its_server():
-    """Started in its own session, the server outlived a harness stopped by SIGTERM."""
-    harness = subprocess.Popen([sys.executable, "-c", HARNESS_HOLDING_A_SERVER],
+def test_a_harness_sent_sigterm_stops_its_server(tmp_path):
+    """In its own session, the server outlived a harness stopped by SIGTERM."""
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS_HOLDING_A_SERVER, str(tmp_path)],
                                stdout=subprocess.PIPE, text=True,
                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     line = harness.stdout.readline()
@@ -243,8 +243,11 @@ def _running(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is not running
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is not running
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:  # gone since
+        return False
 
 
 # -- run folders ----------------------------------------------------------------------
