@@ -34,6 +34,7 @@ def summarize(measurements: list[dict]) -> list[dict]:
         for group, requests in _groups(m):
             row = _row(m, group, requests)
             row["equality"] = equality(requests, reference) if reference is not None else None
+            row["round_speedups"] = round_speedups(m, baseline) if group == "all" else None
             rows.append(row)
     by_key = {_row_key(r): r for r in rows if r["method"] == BASELINE}
     for row in rows:
@@ -41,6 +42,26 @@ def summarize(measurements: list[dict]) -> list[dict]:
         row["speedup"] = (row["tokens_per_second"] / base["tokens_per_second"]
                           if base and base["tokens_per_second"] else None)
     return _over_seeds(rows)
+
+
+def round_speedups(m: dict, baseline: dict | None) -> list[float] | None:
+    """Where the methods took turns on rounds of conversations (throughput with
+    ``--interleave``): each round's tokens/s over the baseline's on the same round
+    (paired: the machine's drift from one round to the next cancels)."""
+    rounds, base = m.get("rounds"), (baseline or {}).get("rounds")
+    if not rounds or not base or len(rounds) != len(base):
+        return None
+    return [(r["output_tokens"] / r["wall_seconds"]) / (b["output_tokens"] / b["wall_seconds"])
+            for r, b in zip(rounds, base)]
+
+
+def by_round(ratios: list[float]) -> dict | None:
+    """The round speedups' mean, standard deviation and standard error."""
+    if len(ratios) < 2:
+        return None
+    stdev = statistics.stdev(ratios)
+    return {"mean": statistics.fmean(ratios), "stdev": stdev,
+            "stderr": stdev / len(ratios) ** 0.5, "rounds": len(ratios)}
 
 
 def _key(m: dict) -> tuple:
@@ -67,6 +88,9 @@ def _over_seeds(rows: list[dict]) -> list[dict]:
         row = {key: same[0][key] if key in SETTING_KEYS else _mean([r[key] for r in same])
                for key in same[0]}
         row["seeds"] = [r["seed"] for r in same]
+        # every seed's rounds together
+        row["round_speedups"] = [x for r in same for x in r["round_speedups"] or []] or None
+        row["speedup_by_round"] = by_round(row["round_speedups"] or [])
         row["spread"] = ({key: _stdev([r[key] for r in same]) for key in SPREAD}
                          if len(same) > 1 else None)
         del row["seed"]

@@ -8,8 +8,9 @@ A fresh engine per method, mode and dataset: suffix decoding keeps past outputs
 across requests, and Spec-Bench's MT-Bench part repeats MT-Bench's questions, so
 a shared engine would hand one dataset the answers of another (and the prefix
 cache would skip their prefills). Each engine first answers one untimed warm-up
-request (datasets.WARMUP). Latency can also be measured with every method's engine
-up at once, the methods taking turns on each conversation (`--interleave`).
+request (datasets.WARMUP). Both modes can also be measured with every method's engine
+up at once, the methods taking turns on each conversation (latency) or on each round of
+conversations (throughput; `--interleave`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from benchmarks.records import (
 
 MODES = ("latency", "throughput")
 
-#: Before each interleaved turn: Intel OpenMP's threads of the engine that just ran spin
-#: for 200 ms (KMP_BLOCKTIME) after their last parallel region, on the cores the next
-#: engine's threads need.
+#: Before each interleaved turn (also the server's): Intel OpenMP's threads of the
+#: engine that just ran spin for 200 ms (KMP_BLOCKTIME) after their last parallel region,
+#: on the cores the next engine's threads need.
 SWITCH_PAUSE_SECONDS = 0.25
 
 
@@ -50,17 +51,23 @@ def measure_offline(mode: str, model_path: str, speculative_config: dict | None,
         engine.close()
 
 
-def measure_latency_interleaved(model_path: str, methods: dict[str, tuple[dict | None, dict]],
-                                dataset: str, conversations: Conversations, sampling: dict,
-                                on_request: Callable[[], None]) -> dict[str, dict | Exception]:
-    """Batch-1 latency with every method's engine up at once, the methods taking turns
-    on each conversation (the order rotating by one each conversation).
+def measure_interleaved(mode: str, model_path: str,
+                        methods: dict[str, tuple[dict | None, dict]], dataset: str,
+                        conversations: Conversations, sampling: dict,
+                        on_request: Callable[[], None], round_size: int = 1
+                        ) -> dict[str, dict | Exception]:
+    """`mode` with every method's engine up at once, the methods taking turns on each
+    round of `round_size` conversations (the order rotating by one each round): at
+    batch 1 (latency) a round's conversations are answered one at a time, in
+    throughput mode all at once (later turns joining as earlier ones finish).
 
-    The machine's speed drifts by up to 20 % over tens of minutes on the small hosts;
-    measured one method after another, that drift lands in the comparison. Here each
-    conversation is answered by every method within seconds. `methods`: name ->
-    (speculative config, engine arguments). Returns name -> measurement, or the
-    exception that ended that method (the others go on).
+    The machine's speed drifts by up to 20 % over tens of minutes on the small hosts,
+    and under load a round-cell moves by +- 10 % from one minute to the next; measured
+    one method after another, that lands in the comparison. Here each round is answered
+    by every method within seconds (throughput: a measurement keeps its rounds' times,
+    for paired speedups). `methods`: name -> (speculative config, engine arguments).
+    Returns name -> measurement, or the exception that ended that method (the others
+    go on).
     """
     engines: dict[str, _Engine] = {}
     outcome: dict[str, dict | Exception] = {}
@@ -71,20 +78,21 @@ def measure_latency_interleaved(model_path: str, methods: dict[str, tuple[dict |
                                         sampling)
             except Exception as exc:  # noqa: BLE001 - reported for this method only
                 outcome[name] = exc
-        for conversation in range(len(conversations)):
+        for number, first in enumerate(range(0, len(conversations), round_size)):
             names = list(engines)
-            shift = conversation % len(names) if names else 0
+            shift = number % len(names) if names else 0
             for name in names[shift:] + names[:shift]:
                 time.sleep(SWITCH_PAUSE_SECONDS)
                 try:
-                    engines[name].answer(range(conversation, conversation + 1), True,
-                                         on_request)
+                    engines[name].answer(range(first, min(first + round_size,
+                                                          len(conversations))),
+                                         mode == "latency", on_request)
                 except Exception as exc:  # noqa: BLE001 - reported for this method only
                     outcome[name] = exc
                     engines.pop(name).close()
         for name, engine in engines.items():
             try:
-                outcome[name] = engine.measurement("latency", dataset)
+                outcome[name] = engine.measurement(mode, dataset)
             except Exception as exc:  # noqa: BLE001 - reported for this method only
                 outcome[name] = exc
         return {name: outcome[name] for name in methods}
@@ -120,6 +128,8 @@ class _Engine:
         self.records: list[RequestRecord] = []
         self.wall_seconds = 0.0
         self.engine_steps = 0
+        #: each `answer`'s conversations, time and tokens (throughput: paired speedups)
+        self.rounds: list[dict] = []
 
     def answer(self, conversations: range, one_at_a_time: bool,
                on_request: Callable[[], None]) -> None:
@@ -135,17 +145,24 @@ class _Engine:
         self.records += loop.records
         self.wall_seconds += loop.wall_seconds
         self.engine_steps += loop.engine_steps
+        self.rounds.append({"conversations": [conversations.start, conversations.stop],
+                            "wall_seconds": loop.wall_seconds,
+                            "output_tokens": sum(len(r.output) for r in loop.records)})
 
     def measurement(self, mode: str, dataset: str) -> dict:
         llm = self.llm
+        at_once = max((stop - start for start, stop in
+                       (r["conversations"] for r in self.rounds)), default=0)
         measurement = measurement_json(
-            mode, dataset, 1 if mode == "latency" else len(self.conversations),
+            mode, dataset, 1 if mode == "latency" else at_once,
             self.wall_seconds, self.engine_steps, self.tally.counters - self.counters_before,
             proposer_delta(self.proposer_before, proposer_stats(llm)), self.records,
             self.conversations.samples, self.startup_seconds)
         measurement["start"] = start_state(llm, self.proposer_before)
         measurement["steps_by_graph_mode"] = graph_modes.difference(
             graph_modes.read(llm), self.graph_steps_before)
+        if mode == "throughput" and len(self.rounds) > 1:
+            measurement["rounds"] = self.rounds
         cut = cut_state(llm)
         if cut is not None:
             measurement["cut"] = cut

@@ -18,7 +18,7 @@ from benchmarks.metrics import BASELINE, summarize
 
 MODE_TITLES = {
     "latency": "Latency (batch 1, one request at a time)",
-    "throughput": "Throughput (offline, all conversations submitted at once)",
+    "throughput": "Throughput (offline, conversations submitted at once: all, or each round)",
     "server": "OpenAI server (streaming, by concurrency)",
 }
 PER_POSITION_SHOWN = 4
@@ -104,6 +104,9 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
             columns.append(("decode tok/s", lambda r: _spread(r, "decode_tokens_per_second", 1)))
         columns += [("step ms", lambda r: _num(r["step_ms"], 2)),
                     ("steps FULL / PIECEWISE / eager", _graph_steps)]
+    if any(row.get("speedup_by_round") for row in rows):
+        after = [name for name, _ in columns].index("speedup") + 1
+        columns.insert(after, ("speedup by round: mean ± s.e. (n)", _by_round))
     columns += [("proposer ms/step (% of step)", _proposer),
                 ("kept draft tokens: estimated / matched", _kept)]
     columns.append(("accepted by source", _accepted_by_source))
@@ -180,8 +183,15 @@ def _spread(row: dict, metric: str, digits: int, suffix: str = "") -> str:
 
 def _sampling(settings: dict) -> str:
     seeds = settings.get("seeds") or [0]
-    turns = ("; at batch 1 every method's engine was up at once, the methods taking turns "
-             "on each conversation" if settings.get("interleave") else "")
+    modes = settings.get("modes", []) if settings.get("interleave") else []
+    size = settings.get("round_size")
+    parts = (["on each conversation at batch 1"] * ("latency" in modes)
+             + [f"on each round of {size} conversations answered at once"]
+             * ("throughput" in modes)
+             + [f"on each round of {size} conversations (at least the concurrency) in the "
+                "server"] * ("server" in modes))
+    turns = ("; every method's engine was up at once, the methods taking turns "
+             + " and ".join(parts)) if parts else ""
     if not settings.get("temperature"):
         return ("Greedy" if len(seeds) < 2 else (
             f"Greedy, measured once per engine seed {', '.join(map(str, seeds))} (the same "
@@ -189,6 +199,13 @@ def _sampling(settings: dict) -> str:
     return (f"Sampled at temperature {settings['temperature']}, top-p {settings['top_p']}, "
             f"engine seeds {', '.join(map(str, settings['seeds']))} (mean ± standard "
             f"deviation){turns}")
+
+
+def _by_round(row: dict) -> str:
+    rounds = row.get("speedup_by_round")
+    if not rounds:
+        return "n/a"
+    return f"{rounds['mean']:.3f}x ± {rounds['stderr']:.3f} ({rounds['rounds']:.0f})"
 
 
 def _per_position(row: dict) -> str:

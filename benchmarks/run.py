@@ -27,6 +27,7 @@ from pathlib import Path
 
 from benchmarks import machine
 from benchmarks import methods as methods_module
+from benchmarks.arguments import comma_list, positive_ints, prompt_counts, seed_list
 from benchmarks.cpu_env import configure_cpu_env
 from benchmarks.datasets import DATASETS, ChatPrompter, Conversations, load
 from benchmarks.models import MODELS, fetch
@@ -35,55 +36,6 @@ from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 MODES = (*OFFLINE_MODES, "server")
 SCHEMA_VERSION = 1
-
-
-def comma_list(choices: tuple[str, ...] | None = None):
-    def parse(text: str) -> list[str]:
-        items = [item.strip() for item in text.split(",") if item.strip()]
-        unknown = [item for item in items if choices and item not in choices]
-        if unknown:
-            raise argparse.ArgumentTypeError(
-                f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
-        return items
-    return parse
-
-
-def prompt_counts(text: str) -> dict[str, int]:
-    """`20`, or `20,spec_bench=10`: conversations per dataset ("*" for the others)."""
-    counts = {}
-    for item in comma_list()(text):
-        name, sep, value = item.rpartition("=")
-        key = name.strip() if sep else "*"
-        if key != "*" and key not in DATASETS:
-            raise argparse.ArgumentTypeError(f"unknown dataset {key!r} in {text!r}")
-        if not value.strip().isdigit() or int(value) < 1:
-            raise argparse.ArgumentTypeError(f"expected a positive count in {item!r}")
-        counts[key] = int(value)
-    return counts
-
-
-def _integers(text: str, example: str) -> list[int]:
-    """A comma list of integers; an empty item (``1,,2``) is refused."""
-    try:
-        return [int(item) for item in text.split(",")]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected integers like {example}: {text!r}") from exc
-
-
-def positive_ints(text: str) -> list[int]:
-    """A comma list of positive integers."""
-    values = _integers(text, "1,4,16")
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
-    return values
-
-
-def seed_list(text: str) -> list[int]:
-    """Distinct non-negative integers."""
-    values = _integers(text, "0,1,2")
-    if min(values) < 0 or len(set(values)) < len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct non-negative integers: {text!r}")
-    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,9 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "once per seed (greedy: the same outputs again, so repeats "
                              "that show how much the timings move)")
     parser.add_argument("--interleave", action="store_true",
-                        help="latency mode: every method's engine up at once, the methods "
-                             "taking turns on each conversation, so that the machine's "
-                             "drift cancels (memory: all engines at once)")
+                        help="every method's engine (server) up at once, the methods taking "
+                             "turns on each conversation (latency) or round of "
+                             "--round-size conversations (throughput, server), so that the "
+                             "machine's drift cancels (memory: all engines at once)")
+    parser.add_argument("--round-size", type=int, default=16,
+                        help="--interleave: conversations a round, answered by each method "
+                             "in turn, at once (throughput) or at the concurrency (server: "
+                             "at least the concurrency)")
     parser.add_argument("--mode", type=comma_list(MODES), default="latency",
                         help="latency (batch 1), throughput (offline, all prompts at once), "
                              "server (OpenAI server at each --concurrency); comma list")
@@ -154,6 +111,8 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--num-prompts gives no count for some of {', '.join(args.datasets)}")
     if args.max_tokens < 1:
         parser.error("--max-tokens must be positive")
+    if args.round_size < 1:
+        parser.error("--round-size must be positive")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         parser.error("--temperature must be >= 0 and --top-p in (0, 1]")
 
@@ -188,11 +147,12 @@ def main(argv: list[str] | None = None) -> Path:
                 plan, key=lambda step: step[:4]):
             names = [name for *_, name in group if runs[mode, name]["status"] == "ok"]
             done_before = progress.n
-            if args.interleave and mode == "latency":
+            if args.interleave:
                 progress.set_description(f"{mode} {dataset} interleaved")
                 _measure_interleaved([runs[mode, name] for name in names], model_path,
-                                     engine_args, dataset, datasets[dataset], seed, args,
-                                     results["measurements"], progress.update)
+                                     engine_args, dataset, datasets[dataset], seed,
+                                     concurrency, args, results["measurements"],
+                                     progress.update)
             else:
                 for name in names:
                     progress.set_description(f"{mode} {dataset} {name}")
@@ -266,7 +226,7 @@ def _new_results(args, argv, model_name: str, model_path: str, counts: dict[str,
                      "num_prompts": counts,
                      "max_tokens": args.max_tokens, "temperature": args.temperature,
                      "top_p": args.top_p, "seeds": args.seeds, "concurrency": args.concurrency,
-                     "interleave": args.interleave,
+                     "interleave": args.interleave, "round_size": args.round_size,
                      "prompts": {name: [s.id for s in c.samples] for name, c in datasets.items()}},
         "engine_args": engine_args,
         "method_engine_args": args.method_engine_args,
@@ -326,17 +286,26 @@ def _measure(run: dict, model_path: str, engine_args: dict, dataset: str,
 
 
 def _measure_interleaved(runs: list[dict], model_path: str, engine_args: dict, dataset: str,
-                         conversations: Conversations, seed: int, args,
-                         measurements: list[dict], on_request) -> None:
-    """Measure the methods of `runs` at batch 1 taking turns on each conversation
-    (offline.measure_latency_interleaved); a method that fails is marked so alone."""
-    from benchmarks.offline import measure_latency_interleaved
+                         conversations: Conversations, seed: int, concurrency: int | None,
+                         args, measurements: list[dict], on_request) -> None:
+    """Measure the methods of `runs` (one mode) taking turns on each conversation or round
+    (offline.measure_interleaved, server.measure_server_interleaved); a method that
+    fails is marked so alone."""
+    from benchmarks.offline import measure_interleaved
+    from benchmarks.server import measure_server_interleaved
 
     methods = {run["method"]: (run["speculative_config"],
                                _seeded_engine_args(run, engine_args, seed, args))
                for run in runs}
-    outcome = measure_latency_interleaved(model_path, methods, dataset, conversations,
-                                          _sampling(args), on_request)
+    mode = runs[0]["mode"]
+    if mode == "server":
+        outcome = measure_server_interleaved(
+            model_path, methods, dataset, conversations, _sampling(args), concurrency,
+            args.round_size, args.request_timeout, args.server_startup_timeout, on_request)
+    else:
+        outcome = measure_interleaved(mode, model_path, methods, dataset, conversations,
+                                      _sampling(args), on_request,
+                                      1 if mode == "latency" else args.round_size)
     for run in runs:
         _record(run, outcome[run["method"]], seed, args, measurements)
 

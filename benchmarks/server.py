@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
+from benchmarks.offline import SWITCH_PAUSE_SECONDS
 from benchmarks.records import (
     RequestRecord,
     SpecDecodeCounters,
@@ -159,6 +160,69 @@ def measure_server(model_path: str, speculative_config: dict | None, engine_args
                             server.startup_seconds)
 
 
+def measure_server_interleaved(model_path: str,
+                               methods: dict[str, tuple[dict | None, dict]], dataset: str,
+                               conversations: Conversations, sampling: dict, concurrency: int,
+                               round_size: int, request_timeout: float,
+                               startup_timeout: float, on_request: Callable[[], None]
+                               ) -> dict[str, dict | Exception]:
+    """`measure_server` with every method's server up at once, the methods taking turns
+    on each round of ``max(round_size, concurrency)`` conversations (the order rotating
+    by one each round), each measurement keeping its rounds' times for paired speedups.
+
+    A server keeps what it answered in earlier rounds (a server's state, as in
+    service; suffix decoding's and lookahead's corpora); no round repeats a
+    conversation. `methods`: name -> (speculative config, engine arguments). Returns
+    name -> measurement, or the exception that ended that method (the others go on).
+    """
+    size = max(round_size, concurrency)
+    outcome: dict[str, dict | Exception] = {}
+    with contextlib.ExitStack() as stack:
+        servers, before = {}, {}
+        for name, (config, engine_args) in methods.items():
+            try:
+                server = stack.enter_context(ApiServer(model_path, config, engine_args,
+                                                       startup_timeout))
+                asyncio.run(_warm_up(server, conversations.prompter.prompt(WARMUP, []),
+                                     sampling))
+                servers[name], before[name] = server, server.counters()
+            except Exception as exc:  # noqa: BLE001 - reported for this method only
+                outcome[name] = exc
+        answered = {name: ([], []) for name in servers}  # records, rounds
+        for number, first in enumerate(range(0, len(conversations), size)):
+            which = range(first, min(first + size, len(conversations)))
+            names = [name for name in servers if name not in outcome]
+            shift = number % len(names) if names else 0
+            for name in names[shift:] + names[:shift]:
+                time.sleep(SWITCH_PAUSE_SECONDS)
+                try:
+                    records, wall_seconds = asyncio.run(_run_conversations(
+                        servers[name], conversations, sampling, concurrency,
+                        request_timeout, on_request, which))
+                except Exception as exc:  # noqa: BLE001 - reported for this method only
+                    outcome[name] = exc
+                    continue
+                answered[name][0].extend(records)
+                answered[name][1].append({
+                    "conversations": [which.start, which.stop], "wall_seconds": wall_seconds,
+                    "output_tokens": sum(len(record.output) for record in records)})
+        for name, server in servers.items():
+            if name in outcome:
+                continue
+            try:
+                spec_after, proposer_after = server.counters()
+            except Exception as exc:  # noqa: BLE001 - reported for this method only
+                outcome[name] = exc
+                continue
+            records, rounds = answered[name]
+            outcome[name] = measurement_json(
+                "server", dataset, concurrency, sum(r["wall_seconds"] for r in rounds), None,
+                spec_after - before[name][0], proposer_delta(before[name][1], proposer_after),
+                records, conversations.samples, server.startup_seconds)
+            outcome[name]["rounds"] = rounds
+    return {name: outcome[name] for name in methods}
+
+
 async def _warm_up(server: ApiServer, prompt: list[int], sampling: dict) -> None:
     """One untimed request (datasets.WARMUP)."""
     import httpx
@@ -170,11 +234,13 @@ async def _warm_up(server: ApiServer, prompt: list[int], sampling: dict) -> None
 
 async def _run_conversations(server: ApiServer, conversations: Conversations, sampling: dict,
                              concurrency: int, request_timeout: float,
-                             on_request: Callable[[], None]) -> tuple[list[RequestRecord], float]:
+                             on_request: Callable[[], None], which: range | None = None
+                             ) -> tuple[list[RequestRecord], float]:
+    """`which` conversations (all: None) at `concurrency`; their records and wall time."""
     import httpx
 
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for conversation in range(len(conversations)):
+    for conversation in which if which is not None else range(len(conversations)):
         queue.put_nowait(conversation)
     records: list[RequestRecord] = []
 

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from benchmarks import graph_modes, machine
-from benchmarks.run import positive_ints
+from benchmarks.arguments import positive_ints
 from benchmarks.run_folder import add_arguments, command_line, make_run_folder
 
 PROMPT_TOKENS = 128

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import statistics
 import sys
 import types
 from dataclasses import dataclass
@@ -246,6 +247,38 @@ def test_sampled_runs_average_over_seeds_against_the_same_seeds_baseline():
     results["settings"].update(temperature=0.0)
     text = report.render_markdown(results, list(rows.values()))
     assert "Greedy, measured once per engine seed 0, 1 (the same outputs, repeated" in text
+
+
+def test_interleaved_rounds_give_paired_speedups():
+    """Throughput with the methods taking turns on rounds: each round's tokens/s
+    against the baseline's on the same round (the machine slowed by half in the second
+    round for both), mean and standard error in the table; none without rounds."""
+    def run(method, walls):
+        rounds = [{"conversations": [2 * i, 2 * i + 2], "wall_seconds": wall,
+                   "output_tokens": 8} for i, wall in enumerate(walls)]
+        return {**_measurement(method, [_request("q", 1, [1] * 24, 24)], mode="throughput",
+                               dataset="humaneval", wall=sum(walls)), "rounds": rounds}
+
+    measurements = [run("none", [1.0, 2.0, 1.0]), run("x", [0.5, 1.0, 1.0])]
+    rows = {r["method"]: r for r in metrics.summarize(measurements)}
+    by_round = rows["x"]["speedup_by_round"]
+    assert by_round["mean"] == pytest.approx(5 / 3) and by_round["rounds"] == 3
+    assert by_round["stderr"] == pytest.approx(by_round["stdev"] / 3 ** 0.5)
+    assert by_round["stdev"] == pytest.approx(statistics.stdev([2.0, 2.0, 1.0]))
+    assert rows["none"]["speedup_by_round"]["mean"] == pytest.approx(1.0)
+    results = _results(measurements, modes=("throughput",),
+                       methods={"none": None, "x": {"method": "x"}})
+    results["settings"].update(interleave=True, round_size=2, datasets=["humaneval"])
+    text = report.render_markdown(results, list(rows.values()))
+    assert "| humaneval | x | 9.6 | 1.60x | 1.667x ± 0.333 (3) |" in text
+    assert "taking turns on each round of 2 conversations answered at once" in text
+    # seeds: their rounds pooled
+    second = [{**m, "seed": 1} for m in measurements]
+    rows = {r["method"]: r for r in metrics.summarize(measurements + second)}
+    assert rows["x"]["speedup_by_round"]["rounds"] == 6
+    assert rows["x"]["speedup_by_round"]["mean"] == pytest.approx(5 / 3)
+    del measurements[0]["rounds"]
+    assert metrics.summarize(measurements)[1]["speedup_by_round"] is None
 
 
 def test_missing_baseline_gives_na():

@@ -149,7 +149,7 @@ def test_methods_take_turns_on_each_dataset():
     ("20", {"*": 20}), ("20,spec_bench=10", {"*": 20, "spec_bench": 10}),
     ("humaneval=3", {"humaneval": 3})])
 def test_prompt_counts(text, expected):
-    from benchmarks.run import prompt_counts
+    from benchmarks.arguments import prompt_counts
 
     assert prompt_counts(text) == expected
 
@@ -158,7 +158,7 @@ def test_prompt_counts(text, expected):
 def test_bad_prompt_counts(text):
     import argparse
 
-    from benchmarks.run import prompt_counts
+    from benchmarks.arguments import prompt_counts
 
     with pytest.raises(argparse.ArgumentTypeError):
         prompt_counts(text)
@@ -169,7 +169,7 @@ def test_bad_counts_name_what_was_expected(text):
     """--concurrency, the replay's --batch-size, step_cost's lists: one parser."""
     import argparse
 
-    from benchmarks.run import positive_ints
+    from benchmarks.arguments import positive_ints
 
     assert positive_ints("1, 16") == [1, 16]
     with pytest.raises(argparse.ArgumentTypeError, match="positive integers|integers like"):
@@ -180,7 +180,7 @@ def test_bad_counts_name_what_was_expected(text):
 def test_bad_seeds_name_what_was_expected(text):
     import argparse
 
-    from benchmarks.run import seed_list
+    from benchmarks.arguments import seed_list
 
     assert seed_list("0, 3") == [0, 3]
     with pytest.raises(argparse.ArgumentTypeError, match="integers"):
@@ -302,6 +302,8 @@ def test_run_folder_name_must_not_be_a_path(name, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--temperature", "0.7", "--top-p", "0"], "--top-p in (0, 1]"),
     (["--seeds", "1,1", "--temperature", "0.7"], "distinct non-negative integers"),
+    (["--interleave", "--mode", "throughput", "--round-size", "0"],
+     "--round-size must be positive"),
 ])
 def test_sampling_arguments_are_checked_before_anything_runs(argv, message, capsys):
     from benchmarks.run import main
