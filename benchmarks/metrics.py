@@ -45,9 +45,9 @@ def summarize(measurements: list[dict]) -> list[dict]:
 
 
 def round_speedups(m: dict, baseline: dict | None) -> list[float] | None:
-    """Where the methods took turns on rounds of conversations (throughput with
-    ``--interleave``): each round's tokens/s over the baseline's on the same round
-    (paired: the machine's drift from one round to the next cancels)."""
+    """Where the methods took turns on rounds of conversations (throughput and server
+    modes with ``--interleave``): each round's tokens/s over the baseline's on the same
+    round (paired: the machine's drift from one round to the next cancels)."""
     rounds, base = m.get("rounds"), (baseline or {}).get("rounds")
     if not rounds or not base or len(rounds) != len(base):
         return None
