@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from benchmarks import graph_modes
 from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
@@ -28,6 +28,7 @@ from benchmarks.records import (
     SpecDecodeCounters,
     measurement_json,
     proposer_delta,
+    round_json,
 )
 
 MODES = ("latency", "throughput")
@@ -78,18 +79,12 @@ def measure_interleaved(mode: str, model_path: str,
                                         sampling)
             except Exception as exc:  # noqa: BLE001 - reported for this method only
                 outcome[name] = exc
-        for number, first in enumerate(range(0, len(conversations), round_size)):
-            names = list(engines)
-            shift = number % len(names) if names else 0
-            for name in names[shift:] + names[:shift]:
-                time.sleep(SWITCH_PAUSE_SECONDS)
-                try:
-                    engines[name].answer(range(first, min(first + round_size,
-                                                          len(conversations))),
-                                         mode == "latency", on_request)
-                except Exception as exc:  # noqa: BLE001 - reported for this method only
-                    outcome[name] = exc
-                    engines.pop(name).close()
+        for which, name in turns(len(conversations), round_size, lambda: list(engines)):
+            try:
+                engines[name].answer(which, mode == "latency", on_request)
+            except Exception as exc:  # noqa: BLE001 - reported for this method only
+                outcome[name] = exc
+                engines.pop(name).close()
         for name, engine in engines.items():
             try:
                 outcome[name] = engine.measurement(mode, dataset)
@@ -99,6 +94,20 @@ def measure_interleaved(mode: str, model_path: str,
     finally:
         for engine in engines.values():
             engine.close()
+
+
+def turns(count: int, size: int, names: Callable[[], list[str]]
+          ) -> Iterator[tuple[range, str]]:
+    """(conversations, method) in the order methods take turns: rounds of ``size`` of
+    ``count`` conversations, each answered by every method ``names()`` still lists at the
+    round's start, the order rotating by one each round, after a pause
+    (``SWITCH_PAUSE_SECONDS``) before each turn."""
+    for number, first in enumerate(range(0, count, size)):
+        order = names()
+        shift = number % len(order) if order else 0
+        for name in order[shift:] + order[:shift]:
+            time.sleep(SWITCH_PAUSE_SECONDS)
+            yield range(first, min(first + size, count)), name
 
 
 class _Engine:
@@ -145,9 +154,7 @@ class _Engine:
         self.records += loop.records
         self.wall_seconds += loop.wall_seconds
         self.engine_steps += loop.engine_steps
-        self.rounds.append({"conversations": [conversations.start, conversations.stop],
-                            "wall_seconds": loop.wall_seconds,
-                            "output_tokens": sum(len(r.output) for r in loop.records)})
+        self.rounds.append(round_json(conversations, loop.wall_seconds, loop.records))
 
     def measurement(self, mode: str, dataset: str) -> dict:
         llm = self.llm

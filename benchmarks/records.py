@@ -179,6 +179,14 @@ def _padded(values: list[int], width: int) -> list[int]:
     return list(values) + [0] * (width - len(values))
 
 
+def round_json(conversations: range, wall_seconds: float,
+               records: list[RequestRecord]) -> dict:
+    """One round of an interleaved measurement, for paired speedups (metrics.py)."""
+    return {"conversations": [conversations.start, conversations.stop],
+            "wall_seconds": wall_seconds,
+            "output_tokens": sum(len(record.output) for record in records)}
+
+
 def measurement_json(mode: str, dataset: str, concurrency: int, wall_seconds: float,
                      engine_steps: int | None, spec_decode: SpecDecodeCounters,
                      proposer: dict | None, records: list[RequestRecord], samples,

@@ -26,13 +26,14 @@ import time
 from collections.abc import Callable
 
 from benchmarks.datasets import WARMUP, WARMUP_TOKENS, Conversations
-from benchmarks.offline import SWITCH_PAUSE_SECONDS
+from benchmarks.offline import turns
 from benchmarks.records import (
     RequestRecord,
     SpecDecodeCounters,
     measurement_json,
     proposer_counters,
     proposer_delta,
+    round_json,
 )
 
 HOST = "127.0.0.1"
@@ -189,23 +190,17 @@ def measure_server_interleaved(model_path: str,
             except Exception as exc:  # noqa: BLE001 - reported for this method only
                 outcome[name] = exc
         answered = {name: ([], []) for name in servers}  # records, rounds
-        for number, first in enumerate(range(0, len(conversations), size)):
-            which = range(first, min(first + size, len(conversations)))
-            names = [name for name in servers if name not in outcome]
-            shift = number % len(names) if names else 0
-            for name in names[shift:] + names[:shift]:
-                time.sleep(SWITCH_PAUSE_SECONDS)
-                try:
-                    records, wall_seconds = asyncio.run(_run_conversations(
-                        servers[name], conversations, sampling, concurrency,
-                        request_timeout, on_request, which))
-                except Exception as exc:  # noqa: BLE001 - reported for this method only
-                    outcome[name] = exc
-                    continue
-                answered[name][0].extend(records)
-                answered[name][1].append({
-                    "conversations": [which.start, which.stop], "wall_seconds": wall_seconds,
-                    "output_tokens": sum(len(record.output) for record in records)})
+        for which, name in turns(len(conversations), size,
+                                 lambda: [name for name in servers if name not in outcome]):
+            try:
+                records, wall_seconds = asyncio.run(_run_conversations(
+                    servers[name], conversations, sampling, concurrency, request_timeout,
+                    on_request, which))
+            except Exception as exc:  # noqa: BLE001 - reported for this method only
+                outcome[name] = exc
+                continue
+            answered[name][0].extend(records)
+            answered[name][1].append(round_json(which, wall_seconds, records))
         for name, server in servers.items():
             if name in outcome:
                 continue

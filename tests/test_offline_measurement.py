@@ -142,6 +142,7 @@ def test_interleaved_servers_take_turns_on_rounds(monkeypatch):
     answered by each server in turn, the order rotating; each measurement keeps its
     rounds; a server that fails to start or fails mid-run is reported alone, and every
     server started is stopped."""
+    from benchmarks import offline
     from benchmarks import server as server_module
 
     calls, stopped = [], []
@@ -174,7 +175,7 @@ def test_interleaved_servers_take_turns_on_rounds(monkeypatch):
     monkeypatch.setattr(server_module, "ApiServer", Server)
     monkeypatch.setattr(server_module, "_warm_up", warm_up)
     monkeypatch.setattr(server_module, "_run_conversations", run_conversations)
-    monkeypatch.setattr(server_module, "SWITCH_PAUSE_SECONDS", 0)
+    monkeypatch.setattr(offline, "SWITCH_PAUSE_SECONDS", 0)
     conversations = type("Conversations", (), {
         "__len__": lambda self: 5, "samples": [],
         "prompter": types.SimpleNamespace(prompt=lambda *args: [1])})()
