@@ -25,7 +25,8 @@ ACCEPTED = SPEC_DECODE_PREFIX + "num_accepted_tokens"
 ACCEPTED_PER_POS = SPEC_DECODE_PREFIX + "num_accepted_tokens_per_pos"
 #: The proposer's counters a measurement reports (``proposer_delta``).
 PROPOSER_FIELDS = ("steps", "seconds", "kept_tokens_expected", "kept_tokens_matched",
-                   "cut_tokens", "cut_tokens_confirmed", "undrafted_steps", "resting_drafts")
+                   "cut_tokens", "cut_tokens_confirmed", "undrafted_steps", "resting_drafts",
+                   "baseline_steps")
 #: The cut's fitted step cost at the end of a measurement (gauges).
 STEP_COST_FIELDS = ("step_fixed_seconds", "step_token_seconds")
 

@@ -18,6 +18,7 @@ import pytest
 from benchmarks.replay.loop import Request, StepCost, replay, summarize
 from benchmarks.replay.replayers import LookaheadReplayer, NoDraftReplayer
 from vllm_lookahead.lookahead.hindsight import Hindsight
+from vllm_lookahead.lookahead.step_cost import MIN_BASELINE_TIMES
 
 DEFAULT = {"method": "lookahead"}
 UNCUT = {"method": "lookahead", "cost_aware_drafts": False}
@@ -174,13 +175,14 @@ def test_a_load_where_no_draft_token_can_pay_is_not_drafted():
         return replayer.proposer.stats, speeds
 
     stats, (default, none) = run(64, trace)
-    assert stats.undrafted_steps + len(drafted_steps) == stats.steps
+    assert stats.undrafted_steps + stats.baseline_steps + len(drafted_steps) == stats.steps
     assert stats.undrafted_steps > 0.9 * stats.steps
     assert all(requests <= 4 for requests in drafted_steps)
     assert default >= 0.99 * none
     drafted_steps.clear()
     stats, _ = run(2, trace[:6])
-    assert stats.undrafted_steps == 0 and len(drafted_steps) == stats.steps > 0
+    assert stats.undrafted_steps == 0 and stats.baseline_steps <= MIN_BASELINE_TIMES
+    assert len(drafted_steps) + stats.baseline_steps == stats.steps > 0
 
 
 def test_the_cut_explains_itself_in_a_debug_line_and_in_its_counters(monkeypatch, caplog):

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.replay.loop import Request, replay
 from benchmarks.replay.replayers import LookaheadReplayer
 from test_cost_aware_cut import CHEAP, DEFAULT, EXPENSIVE, noise, synthetic_requests
-from vllm_lookahead.lookahead import rests
+from vllm_lookahead.lookahead import rests, step_cost
 from vllm_lookahead.lookahead.state import RequestState
 
 
@@ -61,9 +61,11 @@ def test_a_copied_span_under_load_is_drafted_long_despite_rests(monkeypatch):
     assert copying[rests.MAX_REST_STEPS] >= 0.92 * copying[0]
 
 
-def test_a_few_requests_never_rest():
+def test_a_few_requests_never_rest(monkeypatch):
     """Below ``rests.MIN_REQUESTS`` a request's proposal costs little against its share
-    of the step, and a copied span drafted late costs it whole steps."""
+    of the step, and a copied span drafted late costs it whole steps (no step left
+    undrafted to time its baseline here: every pass is asked)."""
+    monkeypatch.setattr(step_cost, "BASELINE_INTERVAL", 1 << 30)
     stats, asked, _ = drafted_rows(rests.MIN_REQUESTS - 1, load(copying=False))
     assert stats.resting_drafts == 0 and asked == stats.request_passes
 

@@ -22,9 +22,14 @@ def test_the_replay_clock_prices_requests_and_draft_tokens_apart():
     same = StepCost.parse("16,1.07")
     assert same(74, 64) == same(74) == pytest.approx(0.016 + 0.00107 * 74)
     assert same.label == "16 ms + 1.07 ms/token (15 free tokens)"
+    verified = StepCost.parse("40,1.7,1.7,3")
+    assert verified(16, 16) == pytest.approx(0.040 + 0.0017 * 16)
+    assert verified(18, 16) == pytest.approx(0.040 + 0.0017 * 18 + 0.003)
+    assert "+ 3 ms with drafts" in verified.label
 
 
-@pytest.mark.parametrize("bad", ["30", "a,b", "30,0", "-1,2", "16,1,1,1", "16,1,0", "nan,1", "16,inf"])
+@pytest.mark.parametrize("bad", ["30", "a,b", "30,0", "-1,2", "16,1,1,-1", "16,1,1,1,1",
+                                 "16,1,0", "nan,1", "16,inf"])
 def test_replay_step_cost_option_names_its_format(bad):
     with pytest.raises(argparse.ArgumentTypeError, match="--step-cost"):
         StepCost.parse(bad)

@@ -95,6 +95,8 @@ LOOKAHEAD_COUNTERS = [
     ("vllm:lookahead_resting_drafts", "resting_drafts",
      "Requests not drafted in a step because the cut had dropped their last drafts "
      "whole (they rest a few steps)."),
+    ("vllm:lookahead_baseline_steps", "baseline_steps",
+     "Decode steps not drafted to time such a step at their request count (cost-aware cut)."),
 ]
 LOOKAHEAD_GAUGES = [
     ("vllm:lookahead_pool_ngrams", "pool_ngrams",
@@ -193,6 +195,7 @@ class ProposerStats:
     tree_steps: int = 0  # steps with at least one tree draft
     undrafted_steps: int = 0  # steps where no draft token could pay (``cut.may_keep_any``)
     resting_drafts: int = 0  # requests a step not drafted while resting (``rests.py``)
+    baseline_steps: int = 0  # steps not drafted to time them without (``step_cost.py``)
     recycled_rows: int = 0  # top-k rows written into the recycled table
     generated_tokens: int = 0  # by decoding requests, over
     request_passes: int = 0  # their target forward passes (S = the ratio)

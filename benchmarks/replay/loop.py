@@ -25,27 +25,31 @@ class Request:
 @dataclass(frozen=True)
 class StepCost:
     """A simulated decode pass, seconds: ``fixed`` + ``per_token`` x its requests +
-    ``per_draft`` x its draft tokens (``per_token`` where None)."""
+    ``per_draft`` x its draft tokens (``per_token`` where None), + ``verify`` if it has
+    any draft token (vLLM's rejection sampler and its metadata)."""
 
     fixed: float
     per_token: float
     per_draft: float | None = None
+    verify: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> "StepCost":
-        """``FIXED_MS,TOKEN_MS[,DRAFT_MS]``, e.g. ``30,1.1`` or ``16,1.07,0.8``."""
+        """``FIXED_MS,TOKEN_MS[,DRAFT_MS[,VERIFY_MS]]``, e.g. ``30,1.1``, ``16,1.07,0.8``
+        or ``40,1.7,1.7,3``."""
         try:
             values = [float(item) for item in text.split(",")]
-            if len(values) not in (2, 3):
+            if not 2 <= len(values) <= 4:
                 raise ValueError
         except ValueError:
             raise argparse.ArgumentTypeError(
-                "--step-cost expects FIXED_MS,TOKEN_MS[,DRAFT_MS] (e.g. 30,1.1), "
-                f"got {text!r}") from None
-        if not all(map(math.isfinite, values)) or values[0] < 0 or min(values[1:]) <= 0:
+                "--step-cost expects FIXED_MS,TOKEN_MS[,DRAFT_MS[,VERIFY_MS]] (e.g. "
+                f"30,1.1), got {text!r}") from None
+        if (not all(map(math.isfinite, values)) or min(values[:1] + values[3:]) < 0
+                or min(values[1:3]) <= 0):
             raise argparse.ArgumentTypeError(
-                "--step-cost: FIXED_MS must be >= 0, TOKEN_MS and DRAFT_MS > 0 (finite), "
-                f"got {text!r}")
+                "--step-cost: FIXED_MS and VERIFY_MS must be >= 0, TOKEN_MS and DRAFT_MS "
+                f"> 0 (finite), got {text!r}")
         return cls(*(value / 1e3 for value in values))
 
     @property
@@ -56,15 +60,16 @@ class StepCost:
     def __call__(self, num_tokens: int, num_requests: int | None = None) -> float:
         """A pass of ``num_tokens``, ``num_requests`` of them requests' own (None: all)."""
         requests = num_tokens if num_requests is None else num_requests
-        return self.fixed + self.per_token * requests + self.draft_token * (
-            num_tokens - requests)
+        return self.fixed + self.per_token * requests + (self.draft_token * (
+            num_tokens - requests) + self.verify if num_tokens > requests else 0.0)
 
     @property
     def label(self) -> str:
         per_token = (f"{self.per_token * 1e3:g} ms/token" if self.per_draft is None else
                      f"{self.per_token * 1e3:g} ms/request + {self.per_draft * 1e3:g} "
                      "ms/draft token")
-        return (f"{self.fixed * 1e3:g} ms + {per_token} "
+        verify = f" + {self.verify * 1e3:g} ms with drafts" if self.verify else ""
+        return (f"{self.fixed * 1e3:g} ms + {per_token}{verify} "
                 f"({self.fixed / self.draft_token:.0f} free tokens)")
 
 

@@ -53,12 +53,14 @@ class StepPlan(NamedTuple):
     """What a step affords, as the first tensor-parallel rank timed it (every rank then
     drafts the same tokens and trees): the tokens it computes nearly free by the cost
     line (for trees; inf without ``cost_aware_drafts``, None before the cost model has
-    an estimate), its cost curve (for the cut; None: nothing is cut) and whether its
-    drafts are filled to K (``uniform_drafts.py``)."""
+    an estimate), its cost curve from its requests' baseline (for the cut; None: nothing
+    is cut), whether its drafts are filled to K (``uniform_drafts.py``) and whether it
+    drafts nothing, to time that baseline (``step_cost.StepCostModel.wants_baseline``)."""
 
     free_tokens: float | None
     step_cost: CostCurve | None
     fill: bool
+    time_baseline: bool = False
 
 
 def sampling_class(params: Any) -> int:

@@ -59,8 +59,9 @@ class DraftPlanner:
         bounds = self._draft_bounds(states, num_tokens)
         if self._uniform.graph_requests is None:  # the runner's graphs exist by now
             self._uniform.set_graph_requests(runner_state.uniform_graph_requests(runner))
-        plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds))
-        if self.options.cost_aware_drafts and not self._cut.may_keep_any(bounds, plan):
+        plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds), len(rows))
+        if ((self.options.cost_aware_drafts and not self._cut.may_keep_any(bounds, plan))
+                or self._baseline_step(plan)):
             for state in states:
                 state.draft, state.draft_origin = [], None
                 state.drop_tree()
@@ -91,19 +92,27 @@ class DraftPlanner:
         self._remember(main, states)
         return drafts
 
-    def step_plan(self, fill: bool) -> StepPlan:
-        """What the step affords (``budget.StepPlan``), with ``fill`` as this rank's
-        ``uniform_drafts`` wants it: without ``cost_aware_drafts`` infinite free tokens
-        and no curve; before the cost model has an estimate, none of either."""
+    def step_plan(self, fill: bool, num_requests: int) -> StepPlan:
+        """What a step of ``num_requests`` affords (``budget.StepPlan``), with ``fill``
+        as this rank's ``uniform_drafts`` wants it: without ``cost_aware_drafts``
+        infinite free tokens and no curve; before the cost model has an estimate, none
+        of either."""
         if not self.options.cost_aware_drafts:
             plan = StepPlan(math.inf, None, fill)
         elif self._cost_model.has_estimate:
-            plan = StepPlan(self._cost_model.free_tokens(), self._cost_model.curve(), fill)
+            cost = self._cost_model
+            plan = StepPlan(cost.free_tokens(), cost.step_curve(num_requests), fill,
+                            not fill and cost.wants_baseline(num_requests))
         else:
             plan = StepPlan(None, None, fill)
         if not self.options.cost_aware_drafts and not self._uniform.may_fill:
             return plan
         return runner_state.broadcast_from_first_tp_rank(plan)
+
+    def _baseline_step(self, plan: StepPlan) -> bool:
+        """Whether the step drafts nothing to time its baseline (counted)."""
+        self._stats.baseline_steps += plan.time_baseline
+        return plan.time_baseline
 
     def _draft_bounds(self, states: list[RequestState], num_tokens: np.ndarray) -> np.ndarray:
         """Each request's longest draft: K, or its own lower bound (0 where vLLM could

@@ -177,7 +177,7 @@ class LookaheadProposer:
         if self._step_start is not None and decode_only:
             step_start, num_scheduled, requests = self._step_start
             if self._uniform.timed(requests, num_scheduled, now - step_start):
-                self.cost_model.add(num_scheduled, now - step_start)
+                self.cost_model.add(num_scheduled, now - step_start, requests)
         self._step_start = (now, num_scheduled_tokens, num_requests) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
