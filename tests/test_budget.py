@@ -18,7 +18,15 @@ from vllm_lookahead.lookahead.budget import (
     cut_to_budget,
     sampling_class,
 )
-from vllm_lookahead.lookahead.step_cost import MIN_SAMPLES, WINDOW, CostCurve, StepCostModel
+from vllm_lookahead.lookahead.step_cost import (
+    BASELINE_INTERVAL,
+    MIN_BASELINE_TIMES,
+    MIN_SAMPLES,
+    REFIT_INTERVAL,
+    WINDOW,
+    CostCurve,
+    StepCostModel,
+)
 
 
 def test_cost_model_recovers_fixed_and_per_token_cost():
@@ -253,6 +261,69 @@ def test_the_cost_curve_follows_each_token_counts_quiet_time():
     assert curve(counts) == pytest.approx(truth(counts), rel=0.05)
     # past 9 tokens: the timed 9 plus the start-up rises, not the line's slope
     assert curve(np.array([17, 40])) == pytest.approx(truth(np.array([17, 40])), rel=0.05)
+
+
+def verifying_step(num_tokens: int, num_requests: int = 16) -> float:
+    """A 2-core CPU's step of 16 sampled requests (run (fu)'s step log, rounded): 68 ms
+    without drafts; with any, 3 ms of verification and 1.7 ms a draft token more."""
+    drafts = num_tokens - num_requests
+    return 0.068 + 0.0017 * (num_requests - 16) + (0.003 + 0.0017 * drafts if drafts else 0.0)
+
+
+def model_drafting_every_step() -> StepCostModel:
+    """Steps of 16 requests that each verified 1-4 draft tokens, as when every step
+    drafts: no step of 16 tokens timed."""
+    model = StepCostModel()
+    for n in list(range(17, 21)) * (MIN_SAMPLES // 4):
+        model.add(n, verifying_step(n), 16)
+    return model
+
+
+def test_not_drafting_is_priced_by_steps_timed_without_drafts():
+    """With every step drafted the curve prices a step of 16 tokens from its drafted
+    neighbours, so the first draft token looks as cheap as the next (1.7 ms against
+    4.7); once steps without drafts are timed at 16 requests, they price not drafting,
+    and a step of another request count does not bend the drafted steps' curve."""
+    model = model_drafting_every_step()
+    blind = model.step_curve(16)
+    assert blind(np.array([17]))[0] - blind(np.array([16]))[0] == pytest.approx(0.0017)
+    for _ in range(MIN_BASELINE_TIMES):
+        model.add(16, verifying_step(16), 16)
+    for _ in range(REFIT_INTERVAL):  # 18 requests, no draft: not a drafted step of 18
+        model.add(18, 0.001, 18)
+    priced = model.step_curve(16)
+    assert model.baseline(16) == pytest.approx(0.068) and model.baseline(17) is None
+    assert priced(np.arange(16, 21)) == pytest.approx([verifying_step(n)
+                                                        for n in range(16, 21)])
+    assert model.step_curve(16) is priced  # reused while nothing changed
+    assert model.step_curve(17) is model.curve()  # no baseline at 17 requests
+
+
+def test_a_lone_draft_token_must_pay_for_the_verification_too():
+    """One request of 16 has a one-token draft, accepted six times in ten: it saves
+    0.8 x 0.6 of a request's 4.25 ms share (2.0 ms), more than the token's 1.7 ms but
+    less than the 4.7 ms the step pays for verifying any draft."""
+    model = model_drafting_every_step()
+    drafts = [[7]] + [[] for _ in range(15)]
+    estimates = [np.array([0.6])] + [np.zeros(0)] * 15
+    assert cut_to_budget([list(d) for d in drafts], estimates, model.step_curve(16)) == 0
+    for _ in range(MIN_BASELINE_TIMES):
+        model.add(16, verifying_step(16), 16)
+    assert cut_to_budget(drafts, estimates, model.step_curve(16)) == 1
+
+
+def test_a_request_count_without_a_baseline_times_one_now_and_then():
+    model = StepCostModel()
+    assert not model.wants_baseline(16)  # nothing fitted yet: no curve to compare with
+    model = model_drafting_every_step()
+    asked = [model.wants_baseline(16)]
+    for n in range(2 * BASELINE_INTERVAL):
+        model.add(17, verifying_step(17), 16)
+        asked.append(model.wants_baseline(16))
+    assert asked == ([True] + [False] * (BASELINE_INTERVAL - 1)) * 2 + [True]
+    for _ in range(MIN_BASELINE_TIMES):
+        model.add(16, verifying_step(16), 16)
+    assert not any(model.wants_baseline(16) for _ in range(BASELINE_INTERVAL + 1))
 
 
 def test_the_report_lists_each_token_counts_passes_against_the_curve():

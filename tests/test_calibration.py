@@ -62,16 +62,35 @@ def context_draft(tokens: list[int]) -> Draft:
 
 
 def cut_for(estimates: WorkerEstimates, drafts: list[list[int]],
-            free_tokens: float = 10.0) -> list[int]:
+            free_tokens: float = 10.0, stats: ProposerStats | None = None,
+            time_baseline: bool = False) -> list[int]:
     """The cut's kept lengths for context ``drafts``, on a step whose tokens each cost
-    ``1 / free_tokens`` of its fixed part."""
-    cut = CostAwareCut(estimates, StepCostModel(), ProposerStats())
+    ``1 / free_tokens`` of its fixed part (offered to time its baseline or not)."""
+    cut = CostAwareCut(estimates, StepCostModel(), stats or ProposerStats())
     states = [RequestState(NgramPool(3, 8, 100), prompt_len=0, next_ngram_start=0,
                            max_draft=K, draft_limit=K) for _ in drafts]
     main = [context_draft(tokens) for tokens in drafts]
     cut.apply(main, states, np.full(len(drafts), 100), StepPlan(free_tokens, CostCurve.linear(
-        1.0, 1 / free_tokens), fill=False))
+        1.0, 1 / free_tokens), fill=False, time_baseline=time_baseline))
     return [len(draft.tokens) for draft in main]
+
+
+def test_a_step_offered_to_time_its_baseline_drops_only_drafts_that_gain_little():
+    """Guards ``CostAwareCut._timing_baseline``: 16 trusted copies of 8 tokens, each
+    token costing a fifth of the step's fixed part, raise its expected tokens a second
+    by 2 %: offered to time its baseline, the step drops them (counted); at a tenth
+    they gain 38 % and are kept; not offered, every draft is kept whole."""
+    drafts = [list(range(1, K + 1)) for _ in range(16)]
+    trusted = WorkerEstimates(K, NUM_TOKEN_CLASSES, SUPPORT_BINS)
+    trust(trusted, drafts[0])
+    for _ in range(40):  # the kept tokens matched as estimated
+        trusted.calibrations[0].add(np.full(K, 0.97), np.ones(K, bool))
+    stats = ProposerStats()
+    assert sum(cut_for(trusted, drafts, 5.0, stats)) == 16 * K
+    assert sum(cut_for(trusted, drafts, 5.0, stats, time_baseline=True)) == 0
+    assert stats.baseline_steps == 1
+    assert sum(cut_for(trusted, drafts, 10.0, stats, time_baseline=True)) == 16 * K
+    assert stats.baseline_steps == 1
 
 
 def test_the_cut_drops_tokens_whose_estimates_did_not_hold():

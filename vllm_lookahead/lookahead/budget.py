@@ -55,7 +55,8 @@ class StepPlan(NamedTuple):
     line (for trees; inf without ``cost_aware_drafts``, None before the cost model has
     an estimate), its cost curve from its requests' baseline (for the cut; None: nothing
     is cut), whether its drafts are filled to K (``uniform_drafts.py``) and whether it
-    drafts nothing, to time that baseline (``step_cost.StepCostModel.wants_baseline``)."""
+    may drop them to time that baseline (``step_cost.StepCostModel.wants_baseline``;
+    where they gain little, ``cut.py``)."""
 
     free_tokens: float | None
     step_cost: CostCurve | None

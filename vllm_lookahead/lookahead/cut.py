@@ -27,6 +27,7 @@ import numpy as np
 
 from vllm_lookahead.log import get_logger
 from vllm_lookahead.lookahead.budget import (
+    ACCEPTED_TOKEN_WORTH,
     StepPlan,
     WorkerEstimates,
     any_token_affordable,
@@ -47,6 +48,10 @@ CUT_LOG_INTERVAL_S = 10.0
 EXPOSURE_PER_CHECKED_TOKEN = 0.5
 #: ... but always this many, or the step's longest draft or free tokens.
 MIN_EXPOSURE = 32
+#: A step offered to time its baseline drops its kept drafts if they raise its expected
+#: tokens a second by less than this share (16 sampled requests on a 2-core CPU: their
+#: verification cost 5 % of the step, ``step_cost.py``).
+BASELINE_DOUBT = 0.1
 #: The token classes of an empty draft (a resting request's, or the sources had none).
 NO_CLASSES = np.zeros(0, dtype=np.int64)
 
@@ -109,9 +114,13 @@ class CostAwareCut:
         kept_estimates: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(main)
         if not plan.fill and plan.step_cost is not None:
             estimates = self._estimates(classes, first_estimates, states)
-            self._stats.cut_tokens += cut_to_budget([draft.tokens for draft in main],
-                                                    [fitted for _, fitted in estimates],
+            fitted = [fitted for _, fitted in estimates]
+            self._stats.cut_tokens += cut_to_budget([draft.tokens for draft in main], fitted,
                                                     plan.step_cost, self._exposure(main, plan))
+            if plan.time_baseline and self._timing_baseline(main, fitted, plan):
+                self._stats.cut_tokens += sum(len(draft.tokens) for draft in main)
+                for draft in main:
+                    del draft.tokens[:]
             kept_estimates = [(raw[: len(draft.tokens)], fitted[: len(draft.tokens)])
                               for (raw, fitted), draft in zip(estimates, main)]
         for b, state in enumerate(states):
@@ -119,6 +128,19 @@ class CostAwareCut:
                                     len(main[b].tokens), state.max_draft, first_estimates[b],
                                     kept_estimates[b])
         self._report(plan)
+
+    def _timing_baseline(self, main: list[Draft], fitted: list[np.ndarray],
+                         plan: StepPlan) -> bool:
+        """Whether the step drops its kept drafts to time its requests' baseline (the
+        planner offers it while none was timed lately): only where they raise its
+        expected tokens a second by less than ``BASELINE_DOUBT``, which a verification
+        cost the curve cannot see may undo; a step drafting copies keeps them. Counted."""
+        kept = [estimate[: len(draft.tokens)] for draft, estimate in zip(main, fitted)]
+        if not any(len(estimate) for estimate in kept) or (
+                expected_rate_gain(kept, plan.step_cost) >= 1 + BASELINE_DOUBT):
+            return False
+        self._stats.baseline_steps += 1
+        return True
 
     def _report(self, plan: StepPlan) -> None:
         """The step's free tokens into the counters; the debug line when one is due."""
@@ -148,6 +170,15 @@ class CostAwareCut:
                                  *by_class[state.sampling_class])
                 if len(token_classes) else (np.zeros(0), np.zeros(0))
                 for state, token_classes, estimate in zip(states, classes, first_estimates)]
+
+
+def expected_rate_gain(kept: list[np.ndarray], step_cost: CostCurve) -> float:
+    """The step's expected tokens a second with the kept draft tokens (each request's
+    estimates) over without any, by ``step_cost`` and ``ACCEPTED_TOKEN_WORTH``."""
+    requests, tokens = len(kept), sum(len(estimate) for estimate in kept)
+    expected = requests + ACCEPTED_TOKEN_WORTH * sum(float(np.sum(e)) for e in kept)
+    seconds = step_cost(np.array([requests, requests + tokens], dtype=np.float64))
+    return expected * seconds[0] / (requests * seconds[1]) if seconds[1] > 0 else math.inf
 
 
 @numba.njit(cache=True, nogil=True)

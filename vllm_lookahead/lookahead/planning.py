@@ -60,8 +60,7 @@ class DraftPlanner:
         if self._uniform.graph_requests is None:  # the runner's graphs exist by now
             self._uniform.set_graph_requests(runner_state.uniform_graph_requests(runner))
         plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds), len(rows))
-        if ((self.options.cost_aware_drafts and not self._cut.may_keep_any(bounds, plan))
-                or self._baseline_step(plan)):
+        if self.options.cost_aware_drafts and not self._cut.may_keep_any(bounds, plan):
             for state in states:
                 state.draft, state.draft_origin = [], None
                 state.drop_tree()
@@ -108,11 +107,6 @@ class DraftPlanner:
         if not self.options.cost_aware_drafts and not self._uniform.may_fill:
             return plan
         return runner_state.broadcast_from_first_tp_rank(plan)
-
-    def _baseline_step(self, plan: StepPlan) -> bool:
-        """Whether the step drafts nothing to time its baseline (counted)."""
-        self._stats.baseline_steps += plan.time_baseline
-        return plan.time_baseline
 
     def _draft_bounds(self, states: list[RequestState], num_tokens: np.ndarray) -> np.ndarray:
         """Each request's longest draft: K, or its own lower bound (0 where vLLM could

@@ -15,8 +15,8 @@ count (``StepCostModel.baseline``). With both on one curve by token count, 16 sa
 requests on a 2-core CPU (SmolLM2-135M, T 0.7, top-p 0.95) drafted in every step: no
 step of 16 tokens was ever timed, the curve took one draft token as free, while such a
 step cost 73 ms at its lower quartile against 68 ms without drafts (1.7 ms a further
-token). Where a request count has no recent baseline, a step now and then leaves its
-drafts out to time one.
+token). Where a request count has no recent baseline, a step now and then whose drafts
+gain little drops them to time one (``cut.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ QUIET_QUANTILE = 0.25
 BASELINE_MEMORY = 16
 MIN_BASELINE_TIMES = 4
 BASELINE_WINDOW = 2048
-#: ... and until then, at most every ``BASELINE_INTERVAL``-th step leaves its drafts out.
+#: ... and until then, at most every ``BASELINE_INTERVAL``-th step may drop its drafts.
 BASELINE_INTERVAL = 8
 
 
@@ -131,8 +131,8 @@ class StepCostModel:
         return float(np.sort(recent)[int((len(recent) - 1) * QUIET_QUANTILE)])
 
     def wants_baseline(self, num_requests: int) -> bool:
-        """Whether this step of ``num_requests`` should leave its drafts out to time
-        their baseline: once the steps are fitted, while it has none, every
+        """Whether this step of ``num_requests`` may drop its drafts to time their
+        baseline: once the steps are fitted, while it has none, every
         ``BASELINE_INTERVAL`` steps (asking counts as the step's)."""
         if (self._count < MIN_SAMPLES or self._count - self._baseline_asked < BASELINE_INTERVAL
                 or self.baseline(num_requests) is not None):
