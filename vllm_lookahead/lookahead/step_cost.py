@@ -13,9 +13,10 @@ and its metadata, the proposer's bookkeeping), so the curve is drawn through dra
 steps, and not drafting is priced by steps timed without drafts at the same request
 count (``StepCostModel.baseline``). With both on one curve by token count, 16 sampled
 requests on a 2-core CPU (SmolLM2-135M, T 0.7, top-p 0.95) drafted in every step: no
-step of 16 tokens was ever timed, the curve took one draft token as free, while such a
-step cost 73 ms at its lower quartile against 68 ms without drafts (1.7 ms a further
-token). Where a request count has no recent baseline, a step now and then whose drafts
+step of 16 tokens was ever timed and the curve took one draft token as free, while a
+step verifying one cost 73 ms at its lower quartile and one without drafts 68 ms (the
+same load with drafting off; vLLM's verification took 2.5-3.5 ms of it, a further draft
+token 1.7 ms: run (fu)). Where a request count has no recent baseline, a step now and then whose drafts
 gain little drops them to time one (``cut.py``).
 """
 
