@@ -10,7 +10,7 @@ sys.path.insert(0, ".")  # from the repository root
 from benchmarks import cpu_env
 cpu_env.configure_cpu_env()
 from vllm import LLM, SamplingParams
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); import timing
+sys.path.insert(0, "benchmarks/results/2026-12-03-cpu-2c-smollm2-135m-fp32-sampled-step-breakdown"); import timing  # its timers
 for m, a in [("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
              ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"),
              ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
