@@ -4,9 +4,10 @@ them with a number in flight (``benchmarks.load_test``, ``tests/test_server.py``
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from dataclasses import dataclass, field
+
+from benchmarks.sse import data_events
 
 MAX_TOKENS_CHOICES = (16, 64, 128, 256)
 BAD_OPTION = {"lookahead_num_speculative_tokens": 10_000}
@@ -122,10 +123,7 @@ async def _send(client, base_url: str, model: str, spec: RequestSpec) -> Outcome
         if not response.is_success:
             detail = (await response.aread()).decode(errors="replace")
             return Outcome("rejected", http_status=response.status_code, detail=detail)
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
+        async for chunk in data_events(response):
             if "error" in chunk:  # a request refused after the stream began (vLLM:
                 error = chunk["error"]  # admission checks) names its HTTP status here
                 status = "rejected" if error.get("code") == 400 else "failed"

@@ -35,6 +35,7 @@ from benchmarks.records import (
     proposer_delta,
     round_json,
 )
+from benchmarks.sse import data_events
 
 HOST = "127.0.0.1"
 HEALTH_POLL_SECONDS = 2.0
@@ -270,11 +271,8 @@ async def _stream_completion(client, server: ApiServer, record: RequestRecord, p
         if not response.is_success:
             detail = (await response.aread()).decode(errors="replace")
             raise RuntimeError(f"/v1/completions returned {response.status_code}: {detail}")
-        async for line in response.aiter_lines():
+        async for chunk in data_events(response):
             now = time.perf_counter()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
             if "error" in chunk:
                 raise RuntimeError(f"/v1/completions stream error: {chunk['error']}")
             for choice in chunk.get("choices") or ():

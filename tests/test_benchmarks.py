@@ -3,6 +3,7 @@ engine)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import pytest
 
 from benchmarks import datasets, methods
 from benchmarks.server import cli_flags
+from benchmarks.sse import data_events
 
 # -- datasets -------------------------------------------------------------------------
 
@@ -329,3 +331,29 @@ def test_mtad_pass_at_1_checker_runs_the_tasks_tests():
     assert passes_tests(task, answer)
     assert not passes_tests(task, answer.replace(body, "    return False\n"))
     assert not passes_tests(task, "```python\nwhile True: pass\n```") and PASS_TIMEOUT_S <= 10
+
+
+class _StreamedText:
+    """An httpx streaming response's ``aiter_text``, in the given pieces."""
+
+    def __init__(self, *pieces: str):
+        self._pieces = pieces
+
+    async def aiter_text(self):
+        for piece in self._pieces:
+            yield piece
+
+
+def test_stream_events_split_only_at_sse_line_ends():
+    """vLLM writes U+2028, U+2029 and U+0085 unescaped in its JSON (a sampled token may
+    hold them); a line split there broke a T 1.0 server run. Events split across pieces
+    and CRLF line ends still parse, and [DONE] is left out."""
+    text = ["a\u2028b", "c\u2029d\x85e"]
+    events = [json.dumps({"choices": [{"text": t}]}, ensure_ascii=False) for t in text]
+    stream = f"data: {events[0]}\r\n\r\ndata: {events[1]}\n\ndata: [DONE]\n\n"
+
+    async def parsed():
+        return [event async for event in data_events(
+            _StreamedText(stream[:9], stream[9:40], stream[40:]))]
+
+    assert [event["choices"][0]["text"] for event in asyncio.run(parsed())] == text
