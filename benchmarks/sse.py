@@ -21,8 +21,12 @@ async def data_events(response) -> AsyncIterator[dict]:
     pending = ""
     async for text in response.aiter_text():
         *lines, pending = _LINE_END.split(pending + text)
-        for line in lines:
-            if line.startswith(_DATA) and line != _DATA + "[DONE]":
-                yield json.loads(line[len(_DATA):])
-    if pending.startswith(_DATA) and pending != _DATA + "[DONE]":
-        yield json.loads(pending[len(_DATA):])
+        for event in _events(lines):
+            yield event
+    for event in _events([pending]):  # a last line without its line end
+        yield event
+
+
+def _events(lines: list[str]) -> list[dict]:
+    return [json.loads(line[len(_DATA):]) for line in lines
+            if line.startswith(_DATA) and line != _DATA + "[DONE]"]

@@ -1,7 +1,9 @@
-"""Where a sampled step's time goes (issue 73): timers around vLLM's and the proposer's step
-functions, in one process, batch 1, SmolLM2-135M float32, 8 MT-Bench first turns.
+"""Where a sampled step's time goes under load (issue 73): timers around vLLM's and the
+proposer's step functions, in one process, SmolLM2-135M float32, 64 MT-Bench first turns
+of 128 tokens submitted BATCH at a time (16 unless set).
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv/bin/python step_breakdown.py T TOP_P [CONFIG]
+    # from the repository root
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 BATCH=16 .venv/bin/python RUN_FOLDER/step-log/breakdown.py T TOP_P [CONFIG]
 
 CONFIG: {"method": "none"}, {} (lookahead's defaults) or a whole speculative_config."""
 import os, sys, json
