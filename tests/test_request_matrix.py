@@ -1,8 +1,8 @@
 """What users send through ``SamplingParams``, with lookahead's defaults: the same tokens
 as plain decoding (greedy), alone and mixed in one batch, with drafts accepted; the
 requests vLLM cannot verify with drafts (logit_bias, min_p) served without them, equal
-to plain decoding even when sampled with a seed; sampled features keep the target's
-distribution (docs/compatibility.md, "Requests").
+to plain decoding even when sampled with a seed (docs/compatibility.md, "Requests";
+sampled features' distributions: test_sampling.py).
 
 One plain engine and one lookahead engine (``{"method": "lookahead"}``, nothing else)
 serve the whole module side by side.
@@ -16,14 +16,11 @@ import math
 import pytest
 from conftest import (
     ENGINE_KWARGS,
-    SAMPLES,
-    SIGNIFICANCE,
     generate,
     greedy,
     make_prompts,
     metrics,
     proposer_stats,
-    same_distribution_pvalue,
     shutdown,
 )
 from vllm import LLM, SamplingParams
@@ -233,35 +230,6 @@ def test_max_tokens_past_max_model_len_matches_plain_decoding(engines):
     got = run(lookahead, [prompt], params)
     assert tokens(got) == tokens(expected)
     assert len(got[0].outputs[0].token_ids) == 40 and got[0].outputs[0].finish_reason == "length"
-
-
-def _penalised_samples(llm, prompt, penalties: dict) -> "np.ndarray":  # noqa: F821
-    """SAMPLES 4-token samples after ``prompt``, drawn ``n`` = 4 at a time."""
-    import numpy as np
-
-    params = SamplingParams(n=4, temperature=1.0, max_tokens=4, ignore_eos=True, **penalties)
-    outputs = llm.generate([{"prompt_token_ids": prompt}] * (SAMPLES // 4), params,
-                           use_tqdm=False)
-    return np.array([c.token_ids for o in outputs for c in o.outputs])
-
-
-def test_penalised_samples_with_n_follow_the_target_distribution(engines):
-    """Penalties on sampled requests with ``n`` = 4: the target's distribution; the
-    control (no penalties) shows the test sees the penalties."""
-    plain, lookahead = engines
-    base = make_prompts()[0]
-    prompt = base + generate(plain, [base], greedy())[0]  # drafts are likely here
-    penalties = dict(repetition_penalty=1.3, frequency_penalty=1.0, presence_penalty=0.5)
-    reference = _penalised_samples(plain, prompt, penalties)
-    accepted = accepted_and_drafts(lookahead)[0]
-    speculated = _penalised_samples(lookahead, prompt, penalties)
-    assert accepted_and_drafts(lookahead)[0] > accepted
-    unpenalised = _penalised_samples(plain, prompt, {})
-    for position in (1, 2, 3):
-        assert same_distribution_pvalue(reference[:, position],
-                                        speculated[:, position]) > SIGNIFICANCE
-    assert min(same_distribution_pvalue(unpenalised[:, p], speculated[:, p])
-               for p in (1, 2, 3)) < SIGNIFICANCE
 
 
 def build_lora_adapter(path, base: str) -> str:
