@@ -24,6 +24,6 @@ for method, ratios in pooled.items():
     below = sum(r < 1 for r in ratios)
     print(f"{method}: {statistics.mean(ratios):.3f} ± {se:.3f} over {len(ratios)} rounds "
           f"({below} below no speculation)")
-if "lookahead" in pooled and "suffix" in pooled:
+if len(pooled.get("lookahead", ())) == len(pooled.get("suffix", ())) > 0:  # both in every run
     ahead = sum(a > b for a, b in zip(pooled["lookahead"], pooled["suffix"]))
     print(f"lookahead above suffix in {ahead} of {len(pooled['lookahead'])} rounds")
