@@ -1,29 +1,26 @@
 """Rounds of several runs of one cell pooled: each round's tokens/s over no
-speculation's on the same round (same seed), mean ± standard error over all rounds."""
+speculation's on the same round (``benchmarks.metrics.round_speedups``), their mean
+and standard error over all rounds (``by_round``). Run from the repository root:
+``python3 <this file> RUN/results.json ...`` (no vLLM needed; without it the
+plugin says on stderr that it cannot register)."""
 import json
-import statistics
+import os
 import sys
 
+sys.path.insert(0, os.getcwd())
+from benchmarks.metrics import BASELINE, by_round, round_speedups  # noqa: E402
 
-def round_ratios(path):
-    by = {}
-    for m in json.load(open(path))["measurements"]:
-        by.setdefault(m["method"], {})[m["seed"]] = [
-            r["output_tokens"] / r["wall_seconds"] for r in m["rounds"]]
-    none = by["none"]
-    return {method: [x / y for seed in sorted(seeds) for x, y in zip(seeds[seed], none[seed])]
-            for method, seeds in by.items() if method != "none"}
-
-
-pooled = {}
+pooled: dict[str, list[float]] = {}
 for path in sys.argv[1:]:
-    for method, ratios in round_ratios(path).items():
-        pooled.setdefault(method, []).extend(ratios)
+    measurements = json.load(open(path))["measurements"]
+    baselines = {m["seed"]: m for m in measurements if m["method"] == BASELINE}
+    for m in sorted(measurements, key=lambda m: m["seed"]):
+        if m["method"] != BASELINE:
+            pooled.setdefault(m["method"], []).extend(round_speedups(m, baselines[m["seed"]]))
 for method, ratios in pooled.items():
-    se = statistics.stdev(ratios) / len(ratios) ** 0.5
-    below = sum(r < 1 for r in ratios)
-    print(f"{method}: {statistics.mean(ratios):.3f} ± {se:.3f} over {len(ratios)} rounds "
-          f"({below} below no speculation)")
+    summary = by_round(ratios)
+    print(f"{method}: {summary['mean']:.3f} ± {summary['stderr']:.3f} over {len(ratios)} rounds "
+          f"({sum(r < 1 for r in ratios)} below no speculation)")
 if len(pooled.get("lookahead", ())) == len(pooled.get("suffix", ())) > 0:  # both in every run
     ahead = sum(a > b for a, b in zip(pooled["lookahead"], pooled["suffix"]))
     print(f"lookahead above suffix in {ahead} of {len(pooled['lookahead'])} rounds")
