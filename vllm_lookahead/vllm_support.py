@@ -7,6 +7,7 @@ read (README, "Install").
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 
 SUPPORTED_VLLM = "0.26 - 0.33"
@@ -37,6 +38,20 @@ def missing_features() -> list[str]:
     except (ImportError, AttributeError):
         missing.append("vllm.v1.sample.rejection_sampler.rejection_sample")
     return missing
+
+
+def has_model_runner_v1() -> bool:
+    """vLLM's Model Runner V1 and its sampler, which the ``custom_class`` path patches
+    (removed in vLLM 0.34.0)."""
+    return all(_has_module(name) for name in ("vllm.v1.worker.gpu_model_runner",
+                                              "vllm.v1.sample.rejection_sampler"))
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package is missing
+        return False
 
 
 def vllm_version() -> str:

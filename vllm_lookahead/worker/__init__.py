@@ -24,7 +24,7 @@ The modules import only downwards, bottom floor first:
 
 | vLLM attribute | module | patch | why | verified on |
 |---|---|---|---|---|
-| ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | ``__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists | 0.32.0, 0.26.0 (CPU, mp executor, TP 1 and 2); 0.33.0 read |
+| ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | ``__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists: on a vLLM with Model Runner V1, the CPU sampling fixes in every engine and the rest in engines running our methods; on a vLLM without V1, none | 0.32.0, 0.26.0 (CPU, mp executor, TP 1 and 2); 0.33.0 read; 0.34.0 imported (no V1: nothing installed) |
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | ``runner`` | wrapped | hands the runner to its drafter (``hooks.DrafterHooks``: request ids per batch row) and connects the drafter's hooks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner._update_states`` (instance attribute of the bound runner) | ``runner`` | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count, its request count and whether it holds prompt tokens (the drafter times decode steps from start to start) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE), plans the step's branches and their scratch blocks (``tree_attention``) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
@@ -52,7 +52,10 @@ The modules import only downwards, bottom floor first:
 
 from __future__ import annotations
 
-from vllm_lookahead import _patching
+from typing import Any
+
+from vllm_lookahead import _patching, vllm_support
+from vllm_lookahead.options import method_config
 
 
 def install() -> None:
@@ -63,7 +66,7 @@ def install() -> None:
 
     def make_wrapper(original):
         def __init__(self, *args, **kwargs):
-            _install_worker_patches()
+            install_worker_patches(kwargs.get("vllm_config", args[0] if args else None))
             original(self, *args, **kwargs)
 
         return __init__
@@ -73,10 +76,22 @@ def install() -> None:
     kernel_overrides.install()
 
 
-def _install_worker_patches() -> None:
+def install_worker_patches(vllm_config: Any) -> None:
+    """A worker is being built: on a vLLM with Model Runner V1, the CPU sampling fixes
+    (every engine); the runner's and sampler's hooks only for an engine that runs one of
+    our methods through V1's ``custom_class``. A vLLM without V1 (0.34 on) gets none of
+    them: its engines start as without the plugin, ours through its speculator registry
+    (``model_runner_v2``)."""
+    if not vllm_support.has_model_runner_v1():
+        return
+    from vllm_lookahead.worker import sampler
+
+    sampler.install_cpu_fixes()
+    if not method_config(vllm_config):
+        return
     from vllm.v1.worker import gpu_model_runner
 
-    from vllm_lookahead.worker import request_support, runner, sampler
+    from vllm_lookahead.worker import request_support, runner
 
     _patching.wrap(gpu_model_runner.GPUModelRunner, "__init__", runner.binding_init)
     sampler.install()

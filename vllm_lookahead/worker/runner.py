@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_lookahead.options import method_config
 from vllm_lookahead.worker import sampler, start_up, tree_step
 from vllm_lookahead.worker.hooks import hook
 
@@ -24,10 +25,10 @@ def binding_init(original):
     drafter's hooks (``hooks.DrafterHooks``)."""
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        drafter = getattr(self, "drafter", None)
+        if not method_config(self.vllm_config):
+            return  # another engine of this process, plain or with a method of vLLM's
+        drafter = self.drafter
         sampler.connect(self, drafter)
-        if drafter is None:
-            return
         if hook(drafter, "bind_model_runner"):
             drafter.bind_model_runner(self)
         if hook(drafter, "on_requests_removed") and hasattr(self, "_update_states"):

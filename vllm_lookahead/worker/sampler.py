@@ -27,9 +27,16 @@ _acceptance_rule: AcceptanceRule | None = None
 
 
 def install() -> None:
+    """Engines running our methods: verification reaches the bound runner's drafter."""
     from vllm.v1.sample import rejection_sampler
 
     _patching.wrap(rejection_sampler, "rejection_sample", _hooked_rejection_sample)
+
+
+def install_cpu_fixes() -> None:
+    """Every engine on a CPU: vLLM's CPU verification repaired and made cheaper."""
+    from vllm.v1.sample import rejection_sampler
+
     cpu_top_p.install()
     cpu_recovered_tokens.install()
     if cpu_expand_is_broken():
