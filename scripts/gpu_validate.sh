@@ -9,6 +9,13 @@
 #
 # Steps (default: all, in this order; each one fits a 10-minute device command):
 #   env      install this package next to the kit's vLLM; record GPU, versions, commit
+#   v2       vLLM 0.34 (Model Runner V2, async scheduling on by default) on CUDA, first: its
+#            registry must hold lookahead (else the import error is the result); then greedy
+#            exactness of lookahead against no speculation in float32 with IEEE dot products
+#            (asserted), and tokens/s of none / ngram / suffix / lookahead at batch 1
+#            (latency) and 16 (throughput), bf16 with vLLM's default CUDA graphs. Run it
+#            with the host's vLLM 0.34 (PYTHON=...; stage it as shared/gpu's README says
+#            for another vLLM version)
 #   exactness  greedy exactness of lookahead's defaults against no speculation as users
 #            serve it (CUDA graphs, drafts filled to K, trees, chunked prefill and
 #            preemption; batch 8 and 1): float32 with IEEE dot products (identical
@@ -37,7 +44,7 @@
 #   requests tests/test_request_matrix.py on CUDA: every request feature with lookahead's
 #            defaults against no speculation, float32 with IEEE dot products (asserted) and
 #            bf16 (informational: greedy may flip at near-ties)
-#   next N   the first N of the open GPU steps (exactness decomposition dummy-8b
+#   next N   the first N of the open GPU steps (v2 exactness decomposition dummy-8b
 #            dummy-8b-worst mtad ray requests) that scripts/gpu_steps_done.txt does not list
 #   tree-check  the tree step's start-up self-check on the real model, with CUDA graphs
 #            (as users run vLLM), in bf16 and fp16 (the device's own attention backend;
@@ -79,13 +86,13 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift ;;
     --model) model=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
-    env|exactness|decomposition|dummy-8b|dummy-8b-worst|ray|mtad|requests|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
+    env|v2|exactness|decomposition|dummy-8b|dummy-8b-worst|ray|mtad|requests|tree-check|greedy|greedy-bf16|trees|server|latency|load|batch64) steps+=("$1") ;;
     next) next_count=${2:-1}; shift ;;
-    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env exactness decomposition dummy-8b dummy-8b-worst ray mtad requests tree-check greedy greedy-bf16 trees server latency load batch64, next N; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
+    *) echo "gpu_validate.sh: unknown argument '$1' (steps: env v2 exactness decomposition dummy-8b dummy-8b-worst ray mtad requests tree-check greedy greedy-bf16 trees server latency load batch64, next N; --dry-run, --results DIR, --model PATH)" >&2; exit 2 ;;
   esac
   shift
 done
-for step in exactness decomposition dummy-8b dummy-8b-worst mtad ray requests; do  # issue 72's order
+for step in v2 exactness decomposition dummy-8b dummy-8b-worst mtad ray requests; do  # issues 90, 72
   [ "$next_count" -gt 0 ] || break
   grep -q "^$step " scripts/gpu_steps_done.txt && continue
   steps+=("$step"); next_count=$((next_count - 1))
@@ -141,6 +148,7 @@ run() {
   printf '| %s | `%s` | %s%s | %s |\n' "$step" "$shown" "$status" \
     "$([ "$asserted" = yes ] || echo ' (informational)')" $((SECONDS - start)) >>"$summary"
   if [ $status != 0 ] && [ "$asserted" = yes ]; then failed=1; fi
+  return $status
 }
 
 missing_modules() {
@@ -178,6 +186,25 @@ for step in "${steps[@]}"; do
       missing=$(missing_modules pytest scipy matplotlib ray openai requests)
       [ -z "$missing" ] || echo "missing modules: $missing (stage them: bash shared/gpu/stage.sh --add NAME)" \
         | tee -a "$results/env.log" >&2
+      ;;
+    v2)
+      run v2-registry yes "$python" -c 'import vllm
+from vllm_lookahead import plugin
+plugin.register()
+from vllm.v1.worker.gpu.spec_decode.speculator_config import registered_speculative_methods
+assert "lookahead" in registered_speculative_methods(), registered_speculative_methods()
+print("vLLM", vllm.__version__, "registered:", registered_speculative_methods())' || continue
+      LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION=${LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION:-0.2} \
+        run v2-exactness yes "$python" -m benchmarks.exactness --model "$model" \
+        --output-dir "$results/v2-exactness" --configurations fp32-ieee --jobs 1 \
+        --datasets humaneval,mt_bench --num-prompts "$exact_prompts" --max-tokens "$tokens"
+      for mode in latency throughput; do
+        count=$([ $mode = latency ] && echo "$prompts" || echo 16)
+        run "v2-$mode" yes "$python" -m benchmarks.run --model "$model" \
+          --methods none,ngram,suffix,lookahead --dtype "$graph_dtype" --max-tokens "$tokens" \
+          --kv-cache-memory-bytes "$kv_bytes" --engine-args "$engine_args" --mode "$mode" \
+          --datasets humaneval --num-prompts "$count" --output-dir "$results/v2-$mode"
+      done
       ;;
     exactness)
       LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION=${LOOKAHEAD_TEST_GPU_MEMORY_UTILIZATION:-0.2} \

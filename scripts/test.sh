@@ -31,7 +31,7 @@ workers=${PYTEST_WORKERS:-2}
 once_ran_with=""  # tests marked `once` run with the first version only (tests/conftest.py)
 versions=${VLLM_VERSIONS:-0.32.0 0.26.0 0.34.0}
 #: the test files that need vLLM's Python only, no engine (for a vLLM without a CPU build)
-PYTHON_ONLY_FILES=(tests/test_never_breaking_vllm.py)
+PYTHON_ONLY_FILES=(tests/test_never_breaking_vllm.py tests/test_model_runner_v2.py)
 for version in $versions; do
   bash scripts/setup.sh "$version"
   if [ "$version" = 0.32.0 ]; then venv=.venv; else venv=.venv-vllm-$version; fi

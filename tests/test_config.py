@@ -218,8 +218,9 @@ def test_bad_cli_options_are_argparse_errors(llama_path, options, message, capsy
 
 def test_incompatible_vllm_is_a_clear_error(llama_path, monkeypatch, capsys):
     monkeypatch.setattr(engine_config, "missing_features", lambda: ["create_custom_proposer"])
-    with pytest.raises(ValueError, match=r"needs vLLM 0.26 - 0.33; the installed vLLM .* "
-                                         r"lacks: create_custom_proposer"):
+    with pytest.raises(ValueError, match=r"needs vLLM 0.26 - 0.33 or Model Runner V2's "
+                                         r"speculator registry \(0.34 on\); the installed "
+                                         r"vLLM .* lacks: create_custom_proposer"):
         EngineArgs(model=llama_path, spec_method="lookahead").create_engine_config()
     with pytest.raises(SystemExit):
         make_arg_parser().parse_args(["--model", llama_path, "--speculative-config", "lookahead"])

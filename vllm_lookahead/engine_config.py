@@ -21,7 +21,7 @@ import argparse
 import json
 from typing import Any
 
-from vllm_lookahead import _patching
+from vllm_lookahead import _patching, model_runner_v2
 from vllm_lookahead.log import get_logger
 from vllm_lookahead.lookahead.options import REQUEST_KEY_PREFIX, LookaheadOptions, request_overrides
 from vllm_lookahead.proposer import METHODS, Method, method_by_model_alias
@@ -88,12 +88,7 @@ def rewrite_speculative_config(
         return spec, additional_config
     # option keys as on vLLM's command line (``draft-min-prob``) mean the same
     spec = {key.replace("-", "_"): value for key, value in spec.items()}
-    missing = missing_features()
-    if missing:
-        raise ValueError(
-            f"speculative method {method.name!r} needs vLLM {SUPPORTED_VLLM}; the installed "
-            f"vLLM {vllm_version()} lacks: {', '.join(missing)}"
-        )
+    vllm_method = vllm_method_for(method)
     spec_fields = _speculative_config_fields()
     options_cls = method.options
     rejected = sorted(k for k in spec if k in spec_fields and k not in SPEC_FIELDS_ACCEPTED)
@@ -109,22 +104,42 @@ def rewrite_speculative_config(
     options = options_cls.from_dict(values)
     check_target_model(method.name, target_model_config)
     method.check(options, target_model_config)  # e.g. a missing model fails here
+    on_v1 = vllm_method == "custom_class"
+    default_k = method.default_k if on_v1 else model_runner_v2.DEFAULT_K
     num_tokens = check_num_speculative_tokens(
-        spec.get("num_speculative_tokens", method.default_k), method.name
+        spec.get("num_speculative_tokens", default_k), method.name
     )
-    scheduled = options.scheduled_tokens(num_tokens)
+    scheduled = options.scheduled_tokens(num_tokens) if on_v1 else num_tokens
     if scheduled > MAX_SPEC_TOKENS:  # mtad with all beams: num_speculative_tokens x beam_width
         raise ValueError(
             f"{method.name}: these options schedule {scheduled} draft tokens a request "
             f"(num_speculative_tokens {num_tokens} × beam_width {options.beam_width}), more "
             f"than vLLM's {MAX_SPEC_TOKENS}; lower either, or set candidates to 'best'")
     additional_config[ADDITIONAL_CONFIG_KEY] = {"method": method.name, **options.to_dict()}
-    rewritten = {
-        "method": "custom_class",
-        "model": method.proposer,
-        "num_speculative_tokens": scheduled,
-    }
+    if on_v1:
+        rewritten = {"method": vllm_method, "model": method.proposer,
+                     "num_speculative_tokens": scheduled}
+    else:  # registered with Model Runner V2 under its own name; linear drafts of K
+        rewritten = {"method": vllm_method, "num_speculative_tokens": scheduled}
     return rewritten, additional_config
+
+
+def vllm_method_for(method: Method) -> str:
+    """The method vLLM runs ours as: V1's ``custom_class`` (vLLM 0.26 - 0.33), else the
+    name registered in Model Runner V2's speculator registry (0.34 on); raises naming what
+    this vLLM lacks."""
+    missing = missing_features()
+    if not missing:
+        return "custom_class"
+    registry = model_runner_v2.has_speculator_registry()
+    if registry and method.speculator_config:
+        return method.name
+    needs = SUPPORTED_VLLM
+    if method.speculator_config:
+        needs += " or Model Runner V2's speculator registry (0.34 on)"
+    why = f"; Model Runner V2 cannot run it: {method.without_v2}" if registry else ""
+    raise ValueError(f"speculative method {method.name!r} needs vLLM {needs}; the installed "
+                     f"vLLM {vllm_version()} lacks: {', '.join(missing)}{why}")
 
 
 def check_target_model(method: str, target_model_config: Any) -> None:
@@ -282,8 +297,9 @@ def check_request_options(extra_args: dict[str, Any], vllm_config: Any) -> None:
 
 def runs_our_method(speculative_config: Any) -> bool:
     """``speculative_config`` (vLLM's) runs one of our proposers."""
-    return (getattr(speculative_config, "method", None) == "custom_class"
-            and getattr(speculative_config, "model", None) in PROPOSERS)
+    return ((getattr(speculative_config, "method", None) == "custom_class"
+             and getattr(speculative_config, "model", None) in PROPOSERS)
+            or getattr(speculative_config, "custom_method", None) in METHODS)
 
 
 PROPOSERS = frozenset(method.proposer for method in METHODS.values())

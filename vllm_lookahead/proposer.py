@@ -2,8 +2,10 @@
 speculative method: the ``custom_class`` vLLM loads for it (and logs), its options, its
 default K, the ``model`` spellings that select it and what it checks at start-up.
 
-vLLM has no registry of its own for such methods; ``engine_config.py`` maps each name
-below onto vLLM's ``custom_class`` proposer. The classes live with their method
+Up to vLLM 0.33 ``engine_config.py`` maps each name below onto vLLM's ``custom_class``
+proposer (Model Runner V1); from 0.34, which has neither, a method with a
+``speculator_config`` is registered in Model Runner V2's speculator registry
+(``model_runner_v2``). The classes live with their method
 (``lookahead/proposer.py``, ``mtad/proposer.py``) and are imported by vLLM in the
 workers only, so this module names them by path and imports neither.
 """
@@ -33,6 +35,10 @@ class Method:
     #: "module:function(options, target_model_config)", imported only when the method is
     #: selected (it may load model code)
     startup_check: str | None = None
+    #: Model Runner V2 (vLLM 0.34 on): its ``SpeculatorConfig``, as "module.Class", or
+    #: why it has none
+    speculator_config: str | None = None
+    without_v2: str = ""
 
     def check(self, options: Any, target_model_config: Any) -> None:
         if self.startup_check:
@@ -42,9 +48,13 @@ class Method:
 
 METHODS = {m.name: m for m in (
     Method("lookahead", "vllm_lookahead.lookahead.proposer.LookaheadProposer",
-           LookaheadOptions, LOOKAHEAD_K, model_aliases=("lookahead", "[lookahead]")),
+           LookaheadOptions, LOOKAHEAD_K, model_aliases=("lookahead", "[lookahead]"),
+           speculator_config="vllm_lookahead.model_runner_v2.config.LookaheadSpeculatorConfig"),
     Method("mtad", "vllm_lookahead.mtad.proposer.MTADProposer", MTADOptions, MTAD_K,
-           takes_model=True, startup_check="vllm_lookahead.mtad.startup:check_auxiliary_model"),
+           takes_model=True, startup_check="vllm_lookahead.mtad.startup:check_auxiliary_model",
+           without_v2="Model Runner V2 lets a speculator neither replace verification (MTAD's "
+                      "joint acceptance rule) nor run a second model on the target's KV cache "
+                      "outside vLLM's own draft-model speculators"),
 )}
 
 

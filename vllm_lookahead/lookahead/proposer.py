@@ -47,10 +47,12 @@ class LookaheadProposer:
     """vLLM ``custom_class`` drafter for ``{"method": "lookahead"}`` (hooks:
     ``worker.hooks.DrafterHooks``)."""
 
-    def __init__(self, vllm_config: Any):
+    def __init__(self, vllm_config: Any, options: LookaheadOptions | None = None):
+        """``options``: as the runner can serve them (Model Runner V2's adapter); by
+        default the engine's."""
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
-        self.options = method_options(vllm_config, LookaheadOptions)
+        self.options = options or method_options(vllm_config, LookaheadOptions)
         self._stats = ProposerStats()
         self._snapshots = SnapshotWriter(vllm_config, runner_state.worker_rank())
         self._runner: Any = None

@@ -24,7 +24,7 @@ The modules import only downwards, bottom floor first:
 
 | vLLM attribute | module | patch | why | verified on |
 |---|---|---|---|---|
-| ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | ``__init__`` | wrapped | installs the patches below in worker processes only, before the runner exists: on a vLLM with Model Runner V1, the CPU sampling fixes in every engine and the rest in engines running our methods; on a vLLM without V1, none | 0.32.0, 0.26.0 (CPU, mp executor, TP 1 and 2); 0.33.0 read; 0.34.0 imported (no V1: nothing installed) |
+| ``vllm.v1.worker.worker_base.WorkerBase.__init__`` | ``plugin`` | wrapped | calls ``install_worker_patches`` in worker processes only, before the runner exists: on a vLLM with Model Runner V1, the CPU sampling fixes in every engine and the rest in engines running our methods; on a vLLM without V1, none | 0.32.0, 0.26.0 (CPU, mp executor, TP 1 and 2); 0.33.0 read; 0.34.0 imported (no V1: nothing installed) |
 | ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (``CPUModelRunner`` inherits it) | ``runner`` | wrapped | hands the runner to its drafter (``hooks.DrafterHooks``: request ids per batch row) and connects the drafter's hooks | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner._update_states`` (instance attribute of the bound runner) | ``runner`` | wrapped | tells the drafter which requests finished, were aborted or preempted, so their state is freed at once; and when a step starts, with its scheduled token count, its request count and whether it holds prompt tokens (the drafter times decode steps from start to start) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
 | ``runner._prepare_inputs`` (instance attribute of the bound runner, drafters with ``draft_tree`` only) | ``tree_step`` | wrapped | after vLLM has computed the step's KV slots from linear positions, gives each tree node the position of its depth (RoPE), plans the step's branches and their scratch blocks (``tree_attention``) | 0.32.0, 0.26.0 (CPU); 0.33.0 read |
@@ -59,19 +59,10 @@ from vllm_lookahead.options import method_config
 
 
 def install() -> None:
-    """Called by ``plugin.register`` in every process; defers real work to workers."""
-    from vllm.v1.worker import worker_base
-
+    """Called by ``plugin.register`` in every process: the engine core's side and the
+    CPU kernel scan fix; ``install_worker_patches`` when a worker is built."""
     from vllm_lookahead.worker import kernel_overrides, scheduler
 
-    def make_wrapper(original):
-        def __init__(self, *args, **kwargs):
-            install_worker_patches(kwargs.get("vllm_config", args[0] if args else None))
-            original(self, *args, **kwargs)
-
-        return __init__
-
-    _patching.wrap(worker_base.WorkerBase, "__init__", make_wrapper)
     scheduler.install()
     kernel_overrides.install()
 
