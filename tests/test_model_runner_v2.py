@@ -258,3 +258,17 @@ def test_the_runner_binding_installs_only_for_lookahead_engines(registered):
     from vllm_lookahead.model_runner_v2.speculator import LookaheadSpeculator
 
     assert issubclass(LookaheadSpeculator, BaseSpeculator)
+
+
+def test_logit_bias_and_min_p_are_admitted_for_lookahead_only(model_config):
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    lookahead, _ = speculative_config(model_config, {"method": "lookahead"})
+    ngram, _ = speculative_config(model_config, {"method": "ngram", "num_speculative_tokens": 3,
+                                                  "prompt_lookup_max": 3})
+    for params in (SamplingParams(temperature=1.0, logit_bias={9: 1.0}),
+                   SamplingParams(temperature=1.0, min_p=0.1)):
+        params._validate_spec_decode(lookahead)  # served without drafts
+        with pytest.raises(VLLMValidationError, match="not yet supported with speculative"):
+            params._validate_spec_decode(ngram)  # vLLM's own rule, untouched
