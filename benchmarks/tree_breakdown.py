@@ -7,7 +7,7 @@ One engine, in this process, at batch size 1, with trees on in every step (issue
 - ``fixed``: ``tree_cost.measure``'s fixed random drafts of T tokens, verified as a chain
   (``linear``) or as four chains from the root (``tree``), the same token count; and
   ``linear`` once more without the timers (``linear-bare``: what the timers cost).
-- ``served``: the real proposer on a HumanEval prompt, its trees switched off
+- ``served``: the real proposer on HumanEval prompts, its trees switched off
   (``linear``) and on (``tree``); steps differ in token count, and the proposer's own
   tree growing shows.
 
@@ -25,45 +25,17 @@ command.txt.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks import machine
 from benchmarks.models import MODELS, fetch
-from benchmarks.run_folder import add_arguments, command_line, make_run_folder
+from benchmarks.run_folder import add_arguments, command_line
+from benchmarks.tree_breakdown_report import PIECES, write
 from benchmarks.tree_cost import measure
-
-#: The pieces, in the order of a step, and what each times (exclusive of those inside).
-PIECES = {
-    "scheduler": "engine core's Scheduler.schedule and update_from_output",
-    "prepare inputs (vLLM)": "runner._prepare_inputs, without the tree planning",
-    "tree planning": "tree_step._trees_of_step: draft_tree, positions, branches, step tensors",
-    "root block copies": "tree_attention.copy_root_blocks",
-    "metadata build (vLLM)": "each metadata builder's build, without the split",
-    "metadata split": "tree_attention.split_metadata: the branch sequences",
-    "model, without attention": "runner.model.forward, without the attention forwards",
-    "attention kernel": "the attention implementation's forward (every layer), without "
-                        "the scratch writes",
-    "scratch path writes": "tree_attention.prepare_layer (every layer)",
-    "logits": "runner.model.compute_logits",
-    "sampling (vLLM)": "runner.rejection_sampler.forward, without what follows",
-    "verification (vLLM)": "rejection_sampler.rejection_sample, without what follows",
-    "tree verification": "sampler._verify_trees",
-    "KV move": "sampler.move_accepted_paths (the accepted path's keys and values)",
-    "drafter captures": "sampler.capture_verification, top_k_logprobs, the drafter's "
-                        "on_verification and on_last_top_k",
-    "drafting": "runner.propose_draft_token_ids (and the drafter's propose)",
-    "tree growing (proposer)": "lookahead.trees.grow_trees",
-}
-TREE_PIECES = ("tree planning", "root block copies", "metadata split", "scratch path writes",
-               "tree verification", "KV move", "tree growing (proposer)")
-
 
 class StepTimers:
     """Wraps the pieces' functions; records each engine step's pieces (ms, calls)."""
@@ -207,22 +179,25 @@ def fixed_drafts(llm, runner, drafter, timers, prompt, sizes, repeats, new_token
                 runs[variant].append((measured["ms_per_step"], steps))
         reference = outputs["linear-bare"][0]
         for variant, measured in runs.items():
-            row = summarize([s for _, steps in measured for s in steps]) \
-                if variant != "linear-bare" else {}
+            row = {} if variant == "linear-bare" else {
+                **summarize([s for _, steps in measured for s in steps]),
+                "runs": [{k: v for k, v in summarize(steps).items() if k != "calls_per_step"}
+                         for _, steps in measured]}
             rows.append({**row, "part": "fixed", "shape": variant, "draft_tokens": size,
                          "prompt_tokens": len(prompt),
                          "engine_ms_per_step_runs": [ms for ms, _ in measured],
                          "engine_ms_per_step": float(np.mean([ms for ms, _ in measured])),
                          "outputs_equal_linear_bare": all(o == reference
                                                           for o in outputs[variant])})
-            print({k: v for k, v in rows[-1].items() if k != "calls_per_step"}, flush=True)
+            print({k: v for k, v in rows[-1].items() if k not in ("calls_per_step", "runs")},
+                  flush=True)
     return rows
 
 
-def served(llm, runner, drafter, timers, prompt, new_tokens) -> list:
+def served(llm, runner, drafter, timers, prompts, new_tokens) -> list:
     """The real proposer, trees off then on (toggled in this process: ``_trees.on`` and
-    the recycled top-k, as ``TreeSwitch.turn_off`` leaves them), each on a fresh corpus
-    (finished outputs join it), after a warm-up run."""
+    the recycled top-k, as ``TreeSwitch.turn_off`` leaves them), one prompt at a time,
+    each on a fresh corpus (finished outputs join it), after a warm-up on the first."""
     from vllm import SamplingParams
 
     from vllm_lookahead.lookahead.sources.corpus import ResponseCorpus
@@ -235,23 +210,40 @@ def served(llm, runner, drafter, timers, prompt, new_tokens) -> list:
     for shape in ("linear", "tree"):
         drafter._trees.on = shape == "tree"
         drafter._sources.recycled = recycled if shape == "tree" else None
-        for timed in (False, True):
+        steps, outputs = [], []
+        for index, prompt in enumerate(prompts):
             drafter._sources.corpus = ResponseCorpus(drafter.options.corpus_tokens)
-            if timed:
+            if index:
                 timers.install(llm, runner, drafter)
             done = len(timers.steps)
             result = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
             timers.uninstall()
-        tokens = list(result[0].outputs[0].token_ids)
-        steps = timers.steps[done + 1:]  # the first step is the prefill
+            if index:
+                steps += timers.steps[done + 1:]  # the first step is the prefill
+                outputs.append(list(result[0].outputs[0].token_ids))
         rows.append({**summarize(steps), "part": "served", "shape": shape,
-                     "prompt_tokens": len(prompt), "new_tokens": len(tokens),
-                     "tokens_per_decode_step": (len(tokens) - 1) / len(steps),
-                     "output": tokens})
-        print({k: v for k, v in rows[-1].items() if k not in ("calls_per_step", "output")},
+                     "prompts": len(prompts) - 1, "new_tokens": sum(map(len, outputs)),
+                     "tokens_per_decode_step": sum(len(o) - 1 for o in outputs) / len(steps),
+                     "outputs": outputs})
+        print({k: v for k, v in rows[-1].items() if k not in ("calls_per_step", "outputs")},
               flush=True)
-    rows[-1]["output_equal_linear"] = rows[-1]["output"] == rows[0]["output"]
+    rows[-1]["outputs_equal_linear"] = rows[-1]["outputs"] == rows[0]["outputs"]
     return rows
+
+
+def timer_cost_us(calls: int = 200_000) -> float:
+    """What one timed call adds (microseconds): a wrapped no-op against the bare one."""
+    timers, owner = StepTimers(), argparse.Namespace(f=lambda: None)
+
+    def loop() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            owner.f()
+        return time.perf_counter() - start
+
+    bare = min(loop() for _ in range(5))
+    timers.wrap(owner, "f", "no-op")
+    return 1e6 * (min(loop() for _ in range(5)) - bare) / calls
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -262,8 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-tokens", default="16,8")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--served-tokens", type=int, default=96,
-                        help="tokens generated in each served run (0: no served part)")
+    parser.add_argument("--served-tokens", type=int, default=128)
+    parser.add_argument("--served-prompts", type=int, default=4,
+                        help="HumanEval prompts timed with the real proposer (0: none)")
     add_arguments(parser, "<machine>-<model>-tree-step-breakdown")
     args = parser.parse_args(argv)
     args.command = command_line("benchmarks.tree_breakdown", argv)
@@ -284,91 +277,13 @@ def main(argv: list[str] | None = None) -> None:
     rows = fixed_drafts(llm, runner, drafter, timers, prompt,
                         [int(size) for size in args.draft_tokens.split(",")],
                         args.repeats, args.new_tokens)
-    if args.served_tokens:
+    if args.served_prompts:
+        chat = ChatPrompter(path)
         rows += served(llm, runner, drafter, timers,
-                       ChatPrompter(path).prompt(load("humaneval", 1)[0], []),
-                       args.served_tokens)
-    write(rows, args)
+                       [chat.prompt(sample, []) for sample in
+                        load("humaneval", args.served_prompts + 1)], args.served_tokens)
+    write(rows, args, timer_cost_us())
 
-
-def write(rows: list[dict], args: argparse.Namespace) -> None:
-    folder = make_run_folder(
-        args.output_dir,
-        args.name or f"{machine.default_name()}-{args.model}-tree-step-breakdown",
-        args.command)
-    results = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "model": args.model, "dtype": args.dtype, "machine": machine.describe(),
-               "software": machine.software_versions(), "repository": machine.git_state(),
-               "pieces": PIECES, "tree_pieces": TREE_PIECES, "rows": rows}
-    (folder / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    columns = [r for r in rows if "pieces" in r]
-    names = [*PIECES, "rest"]
-    lines = [f"# Tree step vs linear step, piece by piece: {args.model} ({args.dtype}), "
-             "batch 1, ms per decode step", ""]
-    for r in rows:
-        if r["shape"] == "linear-bare":
-            timed = next(c for c in columns if c["part"] == "fixed" and c["shape"] == "linear"
-                         and c["draft_tokens"] == r["draft_tokens"])
-            lines.append(f"- T {r['draft_tokens']}: linear step without timers "
-                         f"{r['engine_ms_per_step']:.2f} ms, with "
-                         f"{timed['engine_ms_per_step']:.2f} ms (runs "
-                         f"{[round(x, 2) for x in r['engine_ms_per_step_runs']]} / "
-                         f"{[round(x, 2) for x in timed['engine_ms_per_step_runs']]})")
-    lines.append("- outputs equal to the bare linear run's (fixed drafts): "
-                 + ", ".join(f"T {r['draft_tokens']} {r['shape']} {r['outputs_equal_linear_bare']}"
-                             for r in rows if r["part"] == "fixed"))
-    lines += [""]
-    groups = sorted({(r["part"], r.get("draft_tokens", 0)) for r in columns},
-                    key=lambda g: (g[0], -g[1]))
-    for part, size in groups:
-        pair = {r["shape"]: r for r in columns
-                if r["part"] == part and r.get("draft_tokens", 0) == size}
-        linear, tree = pair["linear"], pair["tree"]
-        title = f"fixed drafts of {size} tokens" if part == "fixed" else \
-            "served (the real proposer, HumanEval/0)"
-        lines += [f"## {title}", "",
-                  f"tokens a step: linear {linear['tokens_per_step']:.1f}, tree "
-                  f"{tree['tokens_per_step']:.1f}; decode steps {linear['steps']} / "
-                  f"{tree['steps']}" + (f"; tokens a decode step {linear['tokens_per_decode_step']:.2f}"
-                                       f" / {tree['tokens_per_decode_step']:.2f}"
-                                       if part == "served" else ""), "",
-                  "| piece | linear | tree | tree - linear | tree calls a step |",
-                  "|---|---|---|---|---|"]
-        for name in names:
-            a = linear["rest"] if name == "rest" else linear["pieces"][name]
-            b = tree["rest"] if name == "rest" else tree["pieces"][name]
-            calls = "" if name == "rest" else f"{tree['calls_per_step'][name]:.0f}"
-            lines.append(f"| {name} | {a:.2f} | {b:.2f} | {b - a:+.2f} | {calls} |")
-        lines += [f"| **step** | **{linear['ms_per_step']:.2f}** | **{tree['ms_per_step']:.2f}** "
-                  f"| **{tree['ms_per_step'] - linear['ms_per_step']:+.2f}** | |", ""]
-    (folder / "results.md").write_text("\n".join(lines) + "\n")
-    plot(columns, names, f"{args.model} ({args.dtype}): where a step's time goes",
-         folder / "breakdown.png")
-    print((folder / "results.md").read_text())
-    print(f"results: {folder}/")
-
-
-def plot(columns: list[dict], names: list[str], title: str, path) -> None:
-    """Stacked bars, one a shape: the pieces (tree pieces hatched) and the rest."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{'T ' + str(r['draft_tokens']) if r['part'] == 'fixed' else 'served'}\n"
-              f"{r['shape']}" for r in columns]
-    figure, axis = plt.subplots(figsize=(max(6, 1.3 * len(columns)), 5))
-    bottoms, colors = np.zeros(len(columns)), plt.get_cmap("tab20")
-    for index, name in enumerate(names):
-        values = np.array([r["rest"] if name == "rest" else r["pieces"][name] for r in columns])
-        if values.max() >= 0.05:
-            axis.bar(labels, values, bottom=bottoms, label=name, color=colors(index % 20),
-                     hatch="//" if name in TREE_PIECES else None)
-            bottoms += values
-    axis.set(ylabel="ms per decode step", title=title)
-    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-    figure.tight_layout()
-    figure.savefig(path)
 
 if __name__ == "__main__":
     main()
