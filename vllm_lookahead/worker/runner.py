@@ -27,8 +27,10 @@ def binding_init(original):
         original(self, *args, **kwargs)
         if not method_config(self.vllm_config):
             return  # another engine of this process, plain or with a method of vLLM's
-        drafter = self.drafter
+        drafter = getattr(self, "drafter", None)
         sampler.connect(self, drafter)
+        if drafter is None:
+            return
         if hook(drafter, "bind_model_runner"):
             drafter.bind_model_runner(self)
         if hook(drafter, "on_requests_removed") and hasattr(self, "_update_states"):
