@@ -23,10 +23,10 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
 
     torch.set_num_threads(1)
 
-#: The lookahead configuration the engine tests run (K=5, default options), trees
-#: ``auto`` decided on whatever the start-up measurement finds, as on a GPU: the
-#: default trees are built where the per-step cost model lets them.
-LOOKAHEAD = {"method": "lookahead", "num_speculative_tokens": 5, "tree_free_tokens": 0}
+#: The lookahead configuration the engine tests run (K=5, default options): trees
+#: ``auto``, which try both step shapes at each batch size before choosing one
+#: (``lookahead/tree_choice.py``), so the engine tests verify tree and linear steps.
+LOOKAHEAD = {"method": "lookahead", "num_speculative_tokens": 5}
 #: Lookahead with draft rescoring and Token Recycling: the target's top-k is captured
 #: at every draft position and at each row's last position.
 CAPTURING = {**LOOKAHEAD, "rescoring_top_k": 3, "recycle_top_k": 4}

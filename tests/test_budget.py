@@ -12,7 +12,6 @@ from vllm_lookahead.lookahead.budget import (
     ACCEPTED_TOKEN_WORTH,
     NUM_SAMPLING_CLASSES,
     AcceptanceByDepth,
-    TreeYield,
     affordable_draft_lengths,
     any_token_affordable,
     cut_to_budget,
@@ -352,20 +351,6 @@ def test_load_cuts_drafts_and_confident_requests_keep_more():
     assert alone.tolist() == [8]
     assert loaded[:16].min() > loaded[16:].max()
     assert loaded.sum() < lengths.sum() / 2
-
-
-def test_tree_nodes_pay_while_their_yield_beats_a_draft_tokens_worth():
-    tree_yield = TreeYield(prior_rate=0.2, prior_nodes=20)
-    assert tree_yield.pays(1, 10, math.inf, 2)  # extra tokens are free: always
-    assert tree_yield.pays(1, 10, 40.0, 2)  # prior 0.2 >= 2 * 1 / 50
-    for _ in range(200):  # 3 tokens a pass, 1 of 20 tree nodes accepted
-        tree_yield.add_pass(3, 20, 1)
-    assert tree_yield.tokens_per_pass == pytest.approx(3.0, rel=0.2)
-    assert tree_yield.per_node == pytest.approx(0.05, rel=0.2)
-    assert not tree_yield.pays(1, 10, 40.0, 2)  # 0.05 < 2 * 3 / 50
-    assert tree_yield.pays(1, 10, 400.0, 2)  # on a GPU-like cost curve they do
-    tree_yield.add_pass(3, 0, 0)  # a pass without a tree leaves the yield alone
-    assert tree_yield.per_node == pytest.approx(0.05, rel=0.2)
 
 
 def test_sampling_classes_part_greedy_temperatures_and_top_p():

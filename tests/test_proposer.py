@@ -98,10 +98,10 @@ def test_rejected_corpus_drafts_shorten_the_next_ones():
     StartCost(math.nan, math.nan, "too few free blocks")])
 def test_the_start_up_measurement_sets_the_cut_until_steps_are_timed(measured):
     proposer, _ = make_proposer(trees="auto", tree_candidates=4)
-    assert proposer._planner.step_plan(False, 1) == (None, None, False, False)  # nothing is cut
+    assert proposer._planner.step_plan(False, 1) == (None, None, False, False, False)  # no cut
     proposer.on_start_cost(measured)
-    assert not proposer.trees_on  # 29 free tokens (or none measured): below 150
-    free_tokens, step_cost, _, _ = proposer._planner.step_plan(False, 1)
+    assert proposer.trees_on  # the measurement no longer decides trees (tree_choice does)
+    free_tokens, step_cost, _, _, _ = proposer._planner.step_plan(False, 1)
     if measured.reason:
         assert free_tokens is None and step_cost is None
         return

@@ -135,33 +135,45 @@ def test_sampled_requests_keep_their_own_acceptance_estimates():
     assert sampled.first_token_rate() < 0.2
 
 
-def test_trees_auto_follow_the_start_up_cost_and_take_recycling_with_them():
-    from vllm_lookahead.lookahead.options import AUTO_TREE_FREE_TOKENS, RECYCLE_TOP_K_WITH_TREES
-    from vllm_lookahead.worker.start_cost import StartCost
+def test_trees_auto_try_both_shapes_and_capture_the_recycled_top_k_in_tree_steps():
+    """Trees ``auto``: the start-up measurement (however dear its tokens) leaves them on;
+    the steps alternate between trees and linear drafts until both were timed
+    (``tree_choice``), and recycling ``auto`` captures the target's top-k only for the
+    passes that verify a tree."""
+    from vllm import SamplingParams
 
-    cheap = StartCost(pass_seconds=0.010, token_seconds=0.00002)  # 499 free tokens
-    dear = StartCost(pass_seconds=0.030, token_seconds=0.001)  # 29
-    assert round(cheap.free_tokens) == 499 and round(dear.free_tokens) == 29
-    proposer, _ = make_proposer(trees="auto", rescoring_top_k=3)
-    assert proposer.trees_need_free_tokens == AUTO_TREE_FREE_TOKENS and proposer.trees_on
-    proposer.on_start_cost(cheap)
-    assert proposer.trees_on and proposer.stats.start_free_tokens == cheap.free_tokens
-    assert proposer.capture_last_top_k == RECYCLE_TOP_K_WITH_TREES
-    assert proposer.capture_top_k == RECYCLE_TOP_K_WITH_TREES
+    from vllm_lookahead.lookahead.options import RECYCLE_TOP_K_WITH_TREES
 
-    proposer, _ = make_proposer(trees="auto", rescoring_top_k=3)
-    proposer.on_start_cost(dear)
-    assert not proposer.trees_on  # and the recycled top-k, which pays only with trees
-    assert proposer.capture_last_top_k == 0 and proposer.capture_top_k == 3
-    # an explicit recycle_top_k stays; no measurement (a failed one) counts as dear
-    proposer, _ = make_proposer(trees="auto", recycle_top_k=4, tree_free_tokens=10)
-    proposer.on_start_cost(StartCost(float("nan"), float("nan"), "ValueError: no blocks"))
-    assert not proposer.trees_on and proposer.capture_last_top_k == 4
-    # trees on / off are not measured; off also means no recycling by default
-    assert make_proposer(trees="on")[0].trees_need_free_tokens is None
+    proposer, runner = make_proposer(k=12, ngram_size=3, trees="auto", rescoring_top_k=3,
+                                     cost_aware_drafts=False)
+    proposer.on_start_cost(StartCost(pass_seconds=0.030, token_seconds=0.001))  # 29 free
+    assert proposer.trees_on and proposer.stats.start_free_tokens == pytest.approx(29)
+    assert proposer.capture_last_top_k == 0  # no tree verified yet
+    context = [5, 1, 2, 5, 1, 3, 5, 1, 4, 4, 8, 8, 4, 7, 7, 6, 5]
+    batch = Batch(runner, {"r": context})
+    runner.requests["r"] = SimpleNamespace(sampling_params=SamplingParams(temperature=0))
+    shapes, captures, now = [], [], [0.0]
+    proposer.clock = lambda: now[0]
+    for step in range(8):
+        proposer.on_step_start(1, decode_only=True, num_requests=1)
+        now[0] += 0.1
+        draft = batch.propose(proposer, [[context[-1]]])[0]
+        shapes.append(proposer.draft_tree("r", draft) is not None)
+        captures.append(proposer.capture_last_top_k)
+        context = context + [5 + step % 3]
+        batch.set({"r": context})
+    # trees first; the shape with fewer timed steps next, counted on the steps timed so
+    # far (a step is timed when the next one starts, after it planned its successor)
+    assert shapes == [True, True, False, False, False, True, True, True]
+    assert captures == [RECYCLE_TOP_K_WITH_TREES if tree else 0 for tree in shapes]
+    assert proposer.capture_top_k == max(3, captures[-1])
+    # an explicit recycle_top_k is captured in every pass; trees off capture nothing
+    assert make_proposer(trees="auto", recycle_top_k=4)[0].capture_last_top_k == 4
     off, _ = make_proposer(trees="off")
-    assert off.trees_need_free_tokens is None and not off.trees_on
-    assert off.capture_last_top_k == 0
+    assert not off.trees_on and off.capture_last_top_k == 0
+    assert not off.measures_start_cost and make_proposer(trees="auto")[0].measures_start_cost
+    with pytest.raises(ValueError, match="'tree_free_tokens' is gone"):
+        make_proposer(trees="auto", tree_free_tokens=10)
 
 
 def test_the_start_up_cost_reads_each_sizes_fastest_pass():
@@ -188,10 +200,11 @@ def test_a_failed_self_check_turns_auto_trees_and_recycling_off():
     from vllm_lookahead.worker.tree_check import TreeCheck
 
     proposer, _ = make_proposer(trees="auto", tree_candidates=4)
-    assert proposer.capture_last_top_k > 0
+    assert proposer._sources.recycled is not None  # captured in tree steps
     proposer.on_tree_check(TreeCheck(passed=False, backend="CPU_ATTN", dtype="float32",
                                      max_difference=1.0, tolerance=1e-3))
-    assert not proposer.trees_on and proposer.capture_last_top_k == 0
+    assert not proposer.trees_on and proposer._sources.recycled is None
+    assert proposer.capture_last_top_k == 0
     assert proposer.stats.tree_check == 0
 
 

@@ -90,10 +90,11 @@ DECISIONS = ("drafts", "draft_tokens", "cut_tokens", "suffix_tokens", "corpus_to
 def test_tp2_ranks_decide_alike_round_after_round(llama_path, llama_reference, monkeypatch):
     """Rounds of 8 requests that finish in the same step: each round's outputs join the
     corpus (in the order the ranks iterate the finished ids) and the next round drafts
-    from it; filling, cuts and trees on every rank's own timing, the second rank's clock
-    lying. After every round each rank has taken the same decisions."""
+    from it; filling, cuts and trees (``auto``: which steps grow them, by each rank's
+    own step times) on every rank's own timing, the second rank's clock lying. After
+    every round each rank has taken the same decisions."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    config = {**TREE, "cost_aware_drafts": True, "uniform_drafts": "on",
+    config = {**TREE, "trees": "auto", "cost_aware_drafts": True, "uniform_drafts": "on",
               "suffix_match_min": 2}
     llm = LLM(llama_path, tensor_parallel_size=2, distributed_executor_backend="mp",
               speculative_config=config, **ENGINE_KWARGS)
@@ -114,6 +115,43 @@ def test_tp2_ranks_decide_alike_round_after_round(llama_path, llama_reference, m
         assert stats[0].tree_nodes > 0
     finally:
         shutdown(llm)
+
+
+def _clock_pricing_tokens(worker) -> None:
+    """Each rank's step clock prices a step's tokens its own way: on the first rank each
+    token costs 10 ms more (tree steps are dear), on the second none (trees are free).
+    Trees ``auto`` would choose differently on each rank by its own times."""
+    import torch
+
+    drafter = worker.model_runner.drafter
+    per_token = 0.010 if torch.distributed.get_rank() == 0 else 0.0
+    now = [0.0]
+
+    def clock() -> float:  # called once per step start; the step before had these tokens
+        previous = drafter._step_start
+        now[0] += 0.010 + per_token * (previous[1] if previous else 0)
+        return now[0]
+
+    drafter.clock = clock
+
+
+def test_tp2_ranks_choose_tree_steps_alike(llama_path, llama_reference, monkeypatch):
+    """One request at a time, trees ``auto``: which steps grow trees is chosen from step
+    times, and the ranks' clocks disagree on them; every rank follows the first."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    llm = LLM(llama_path, tensor_parallel_size=2, distributed_executor_backend="mp",
+              speculative_config={**TREE, "trees": "auto"}, **ENGINE_KWARGS)
+    llm.collective_rpc(_clock_pricing_tokens)
+    try:
+        outputs = [generate(llm, [prompt], greedy())[0] for prompt in make_prompts()]
+        stats = proposer_stats(llm)
+    finally:
+        shutdown(llm)
+    assert outputs == llama_reference
+    decisions = [{name: getattr(s, name) for name in DECISIONS} for s in stats]
+    assert decisions[0] == decisions[1], decisions
+    # the first rank's dear tokens: trees beyond the first steps only in probes
+    assert 0 < stats[0].tree_steps < stats[0].steps / 3
 
 
 #: One step's finished requests reach each rank as a set of id strings, which each

@@ -114,7 +114,7 @@ LOOKAHEAD_GAUGES = [
      "Cost-aware cut: the fixed over the per-token cost, in tokens (+Inf: nothing is cut)."),
     ("vllm:lookahead_start_free_tokens", "start_free_tokens",
      "Trees auto: a one-token forward pass's time over the time each token more adds, "
-     "measured at start-up; trees are on from tree_free_tokens (NaN: not measured)."),
+     "measured at start-up, the cost-aware cut's first estimate (NaN: not measured)."),
 ]
 #: Lookahead's draft tokens by where they came from (label ``source``): proposed (after
 #: the cost-aware cut) and accepted, so that each source's precision can be read.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import field
-from typing import Any
+from typing import Any, ClassVar
 
 #: Key under which the options are stored in ``VllmConfig.additional_config``.
 ADDITIONAL_CONFIG_KEY = "vllm_lookahead"
@@ -47,6 +47,8 @@ class MethodOptions:
     """Shared parsing for one method's options dataclass (``METHOD`` names it in errors)."""
 
     METHOD = ""
+    #: options of earlier releases, and why each is gone (its error says so)
+    RETIRED: ClassVar[dict[str, str]] = {}
 
     def scheduled_tokens(self, num_speculative_tokens: int) -> int:
         """Draft tokens vLLM schedules a request for, given the user's K."""
@@ -60,6 +62,8 @@ class MethodOptions:
     def from_dict(cls, values: dict[str, Any] | None):
         """Build validated options; errors name the option and what it accepts."""
         values = dict(values or {})
+        for name in sorted(set(values) & set(cls.RETIRED)):
+            raise ValueError(f"{cls.METHOD}: option {name!r} is gone: {cls.RETIRED[name]}")
         unknown = sorted(set(values) - set(cls.names()))
         if unknown:
             raise ValueError(

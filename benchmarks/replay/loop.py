@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.replay.replayers import Replayer
+from benchmarks.replay.replayers import Replayer, accepted_length
 
 
 @dataclass
@@ -191,21 +191,11 @@ def _decode_pass(replayer: Replayer, rows: list[_Running | None], step_cost: Ste
             continue
         running.drafted += len(draft)
         running.seconds += seconds * (1 + len(draft)) / num_tokens
-        accepted = accepted_length(draft, running.output, running.done)
+        accepted = replayer.accepted(row, draft, running.output, running.done)
         running.sampled = running.output[running.done : running.done + accepted + 1]
         replayer.append(row, running.sampled)
         running.done += len(running.sampled)
         running.passes += 1
-
-
-def accepted_length(draft: list[int], output: list[int], done: int) -> int:
-    """How many of ``draft``'s tokens greedy verification accepts after ``done``
-    tokens of ``output``."""
-    accepted = 0
-    while accepted < len(draft) and done + accepted < len(output) \
-            and draft[accepted] == output[done + accepted]:
-        accepted += 1
-    return accepted
 
 
 def summarize(trace: list[Request], results: list[tuple[int, int, int, float]]

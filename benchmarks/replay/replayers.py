@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from benchmarks.methods import Method
+from vllm_lookahead.tree import path_by_tokens
 
 MAX_MODEL_LEN = 8192
 #: Vocabulary size given to lookahead's recycled top-k table: larger than any traced
@@ -15,6 +16,16 @@ MAX_MODEL_LEN = 8192
 REPLAY_VOCAB_SIZE = 1 << 18
 #: Longest context suffix the copy oracle matches (lookahead's ``suffix_match_max``).
 COPY_ORACLE_MAX_MATCH = 16
+
+
+def accepted_length(draft: list[int], output: list[int], done: int) -> int:
+    """How many of ``draft``'s tokens greedy verification accepts after ``done``
+    tokens of ``output``."""
+    accepted = 0
+    while accepted < len(draft) and done + accepted < len(output) \
+            and draft[accepted] == output[done + accepted]:
+        accepted += 1
+    return accepted
 
 
 class Replayer:
@@ -48,6 +59,11 @@ class Replayer:
 
     def propose_row(self, row: int, sampled: list[int]) -> list[int]:
         raise NotImplementedError
+
+    def accepted(self, row: int, draft: list[int], output: list[int], done: int) -> int:
+        """How many of the row's ``draft`` tokens greedy verification accepts after
+        ``done`` tokens of ``output`` (a linear draft)."""
+        return accepted_length(draft, output, done)
 
     def use_clock(self, clock, step_cost) -> None:
         """Time passes on ``clock``, a pass taking ``step_cost(tokens)`` seconds (a
@@ -95,12 +111,27 @@ class LookaheadReplayer(Replayer):
         self.proposer.bind_model_runner(self.runner)
 
     def start(self, row, request_id, prompt, output):
+        """... a greedy request (whose drafts may be trees)."""
+        from vllm import SamplingParams
+
         super().start(row, request_id, prompt, output)
         self.runner.input_batch.num_prompt_tokens[row] = len(prompt)
-        self.runner.requests[request_id] = None
+        self.runner.requests[request_id] = SimpleNamespace(
+            sampling_params=SamplingParams(temperature=0.0))
 
     def propose(self, sampled):
         return self.proposer.propose(sampled, self.num_tokens, self.tokens)
+
+    def accepted(self, row, draft, output, done):
+        """... and of a tree draft, the nodes along the longest root path that
+        ``output`` follows (the Jacobi window slides nowhere: a replay captures no
+        predictions)."""
+        parents = self.proposer.draft_tree(self.req_ids[row], draft)
+        if parents is None:
+            return super().accepted(row, draft, output, done)
+        emitted = output[done : done + len(draft) + 1]
+        pending = int(self.tokens[row, self.num_tokens[row] - 1])
+        return len(path_by_tokens(parents, [pending, *draft], emitted))
 
     def use_clock(self, clock, step_cost):
         """... and where the engine measures the step's cost at start-up (trees
@@ -108,7 +139,7 @@ class LookaheadReplayer(Replayer):
         from vllm_lookahead.worker.start_cost import StartCost
 
         self.proposer.clock = clock
-        if self.proposer.trees_need_free_tokens is not None:
+        if self.proposer.measures_start_cost:
             self.proposer.on_start_cost(StartCost(step_cost(1), step_cost.draft_token))
 
     def before_pass(self, num_tokens, num_requests):

@@ -23,17 +23,13 @@ from vllm_lookahead.lookahead.step_cost import CostCurve
 
 #: Pseudo-verifications behind each acceptance-by-depth estimate.
 PRIOR_WEIGHT = 2.0
-#: Per-step decay of the worker-wide acceptance and tree-yield counts (about the last
-#: 100 verifications count).
+#: Per-step decay of the worker-wide acceptance counts (about the last 100
+#: verifications count).
 WORKER_DECAY = 0.99
 #: Acceptance at the second position before any verification.
 PRIOR_DEPTH_RATE = 0.5
 #: Acceptance of first draft tokens before any draft was checked.
 PRIOR_FIRST_RATE = 0.5
-#: Tree yield before any tree was verified: accepted tokens per node, over this many
-#: pseudo-nodes (optimistic, so that trees are tried).
-PRIOR_TREE_RATE = 0.2
-PRIOR_TREE_NODES = 20.0
 #: Sampling classes (``sampling_class``): greedy, then temperature up to 0.5, up to 1
 #: and above, each with top-p up to 0.9 or above it.
 TEMPERATURE_EDGES = (0.5, 1.0)
@@ -52,16 +48,18 @@ ACCEPTED_TOKEN_WORTH = 0.8
 class StepPlan(NamedTuple):
     """What a step affords, as the first tensor-parallel rank timed it (every rank then
     drafts the same tokens and trees): the tokens it computes nearly free by the cost
-    line (for trees; inf without ``cost_aware_drafts``, None before the cost model has
-    an estimate), its cost curve from its requests' baseline (for the cut; None: nothing
-    is cut), whether its drafts are filled to K (``uniform_drafts.py``) and whether it
+    line (inf without ``cost_aware_drafts``, None before the cost model has an
+    estimate), its cost curve from its requests' baseline (for the cut; None: nothing
+    is cut), whether its drafts are filled to K (``uniform_drafts.py``), whether it
     may drop them to time that baseline (``step_cost.StepCostModel.wants_baseline``;
-    where they gain little, ``cut.py``)."""
+    where they gain little, ``cut.py``) and whether it grows trees
+    (``tree_switch.py``)."""
 
     free_tokens: float | None
     step_cost: CostCurve | None
     fill: bool
     time_baseline: bool = False
+    trees: bool = False
 
 
 def sampling_class(params: Any) -> int:
@@ -69,8 +67,8 @@ def sampling_class(params: Any) -> int:
 
     Under sampling a point-mass draft token is accepted with the target's probability
     of it, so a request sampled at T = 1 accepts far fewer tokens than the same text
-    decoded greedily. The worker-wide estimates (acceptance by depth, tree yield) are
-    kept per class, so that greedy and sampled requests in one batch do not set each
+    decoded greedily. The worker-wide estimates (acceptance by depth, its calibration)
+    are kept per class, so that greedy and sampled requests in one batch do not set each
     other's draft budgets; within a class, each request's own first-token rate adapts.
     """
     temperature = getattr(params, "temperature", 0.0) or 0.0
@@ -201,52 +199,10 @@ def survival_along(rates: np.ndarray, classes: np.ndarray) -> np.ndarray:
     return np.cumprod(rates[classes, np.arange(len(classes))])
 
 
-class TreeYield:
-    """Worker-wide yield of tree nodes for one sampling class: accepted tokens off the
-    main drafts per node verified beside them (decayed counts, starting from an
-    optimistic prior so that trees are tried), and tokens per request pass."""
-
-    def __init__(self, decay: float = WORKER_DECAY, prior_rate: float = PRIOR_TREE_RATE,
-                 prior_nodes: float = PRIOR_TREE_NODES):
-        self._nodes = prior_nodes
-        self._accepted = prior_rate * prior_nodes
-        self._passes = 1.0
-        self._tokens = 1.0
-        self._decay = decay
-
-    def add_pass(self, tokens: int, tree_nodes: int, tree_accepted: int) -> None:
-        """One request's verified pass: its tokens, and its tree's nodes off the main
-        draft and how many of them were accepted."""
-        self._passes = self._decay * self._passes + 1
-        self._tokens = self._decay * self._tokens + tokens
-        if tree_nodes:
-            self._nodes = self._decay * self._nodes + tree_nodes
-            self._accepted = self._decay * self._accepted + tree_accepted
-
-    @property
-    def per_node(self) -> float:
-        return self._accepted / self._nodes
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self._tokens / self._passes
-
-    def pays(self, requests: int, step_tokens: int, free_tokens: float,
-             node_cost: float) -> bool:
-        """A tree node (costing ``node_cost`` draft tokens) raises the step's expected
-        tokens per unit of cost: its yield is at least the step's tokens per pass over
-        the step's cost in token units (``free_tokens`` + its tokens)."""
-        if math.isinf(free_tokens):
-            return True
-        expected = requests * self.tokens_per_pass
-        return self.per_node >= node_cost * expected / (free_tokens + step_tokens)
-
-
 class WorkerEstimates:
     """The worker's estimates by sampling class (``sampling_class``): acceptance by
     depth of ``num_classes`` calibration classes in groups of ``group_size`` and the
-    calibration of the estimates they give (learned in hindsight, read by the cut), and
-    tree yield (learned from verified trees, read where trees are grown)."""
+    calibration of the estimates they give (learned in hindsight, read by the cut)."""
 
     def __init__(self, max_depth: int, num_classes: int, group_size: int):
         self.depth_acceptance = [AcceptanceByDepth(max_depth, num_classes,
@@ -258,7 +214,6 @@ class WorkerEstimates:
         self.depth_acceptance[0].conditional_rates()
         self.depth_acceptance[0].add(0, 0, 0)
         self.calibrations[0].add(np.zeros(0), np.zeros(0, dtype=bool))
-        self.tree_yields = [TreeYield() for _ in range(NUM_SAMPLING_CLASSES)]
 
     def decay(self) -> None:
         """Once per step: older evidence of acceptance counts less."""

@@ -39,6 +39,9 @@ class PassLearner:
         self._estimates = estimates
         self._stats = stats
         self._calibration = calibration
+        #: the last pass's tokens, and those its main drafts alone earned (trees auto)
+        self.pass_tokens = 0
+        self.pass_main_tokens = 0
         hindsight.warm_up()
 
     def keep_capture(self, capture: VerificationCapture) -> None:
@@ -60,6 +63,7 @@ class PassLearner:
         if self.options.cost_aware_drafts:
             self._estimates.decay()
         decoding = DecodingRows()
+        self.pass_tokens = self.pass_main_tokens = 0
         for row, emitted in enumerate(sampled_token_ids):
             if not emitted:  # partial prefill chunk: nothing to draft yet
                 continue
@@ -134,9 +138,8 @@ class PassLearner:
             self._stats.count_by_source(state.draft_origin.tokens_by_source(main_accepted),
                                         ACCEPTED_SOURCES)
             self._sources.learn(state.draft_origin, main_accepted)
-        tree_nodes = len(state.tree[0]) - 1 - len(state.draft) if state.tree else 0
-        self._estimates.tree_yields[state.sampling_class].add_pass(
-            accepted + 1, tree_nodes, accepted - main_accepted)
+        self.pass_tokens += accepted + 1
+        self.pass_main_tokens += main_accepted + 1
         if verified is not None and feedback.is_our_draft(state, verified.draft):
             if self.options.harvest_jacobi:
                 self._stats.harvested_ngrams += feedback.harvest(

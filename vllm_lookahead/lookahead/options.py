@@ -19,17 +19,6 @@ from vllm_lookahead.options import (
 DEFAULT_SPEC_TOKENS = 24
 TREE_MODES = ("auto", "on", "off")
 UNIFORM_MODES = ("auto", "on", "off")
-#: trees ``auto``: the free tokens (start-up measurement) that turn trees on. In every
-#: step, trees (4 candidates, window 4, recycled chains, K 24) raised S about 1.4x over
-#: the linear drafts for ~25 more verified tokens and a tree step's own work (root block
-#: copies, path writes, the prefix read once per branch), together 50-60 tokens' worth
-#: at 88-98 free tokens, where they made 0.91-0.99x the linear drafts' tokens/s
-#: (benchmarks/README.md, run (ao)): they break even near 130. Two CPUs measured 15-30
-#: (AMD EPYC, an earlier session's note) and 88-111 (Intel Xeon) for SmolLM2-135M, 130
-#: for Qwen2.5-Coder-0.5B (trees made 0.66-0.87x there, run (as)). GPUs with SmolLM2-135M
-#: measured more: an H100 238 (run (cl)), an H200 unbounded (a pass of 33 tokens as fast
-#: as one, run (ca)).
-AUTO_TREE_FREE_TOKENS = 150
 #: ``recycle_top_k: "auto"`` where trees are on.
 RECYCLE_TOP_K_WITH_TREES = 8
 #: Upper bounds of the size options, refused at start-up beyond them. The corpora keep
@@ -46,6 +35,9 @@ class LookaheadOptions(MethodOptions):
     """Options of ``{"method": "lookahead"}``; every field is a ``speculative_config`` key."""
 
     METHOD = "lookahead"
+    RETIRED = {"tree_free_tokens": (
+        "trees `auto` no longer read a start-up threshold; they measure whether tree steps "
+        "pay while serving. Set trees to `on` or `off` to fix the choice.")}
 
     ngram_size: int = option_field(
         4, 2, "N: n-gram length in the pool (a key token plus N-1 continuation tokens).",
@@ -103,8 +95,8 @@ class LookaheadOptions(MethodOptions):
         "new requests on expensive tokens "
         "verifies its untested drafts a little at a time. A step where not even a "
         "certain token would pay is not drafted. At batch size 1 it rarely cuts. "
-        "Tree nodes (tree_candidates, tree_window) are added only from what is left, at "
-        "their cost per node and tree.",
+        "Tree nodes (tree_candidates, tree_window) hang below the main draft it kept; "
+        "whether a step has them is the trees option's.",
     )
     corpus_tokens: int = option_field(
         262144, 0, high=MAX_CORPUS_TOKENS, doc=
@@ -159,18 +151,14 @@ class LookaheadOptions(MethodOptions):
         "auto", None,
         "Tree drafts (tree_candidates, tree_window), verified beside the main draft in one "
         "pass where the tree step's start-up self-check passes on the device (`auto`: else "
-        "drafts stay linear, logged), and then built in a step while their measured yield pays "
-        "for their compute. `auto`: only where a start-up measurement of the target finds "
-        "extra tokens nearly free (at least tree_free_tokens; a GPU at small batch, not a "
-        "small CPU), logged and exported as vllm:lookahead_start_free_tokens. `on`: "
-        "always; an engine whose self-check fails refuses to start, naming the check's "
-        "verdict. `off`: linear drafts, no self-check, no scratch blocks held.",
+        "drafts stay linear, logged). `auto`: a step grows trees where they were measured "
+        "to pay on this model and host: per batch size, the tokens tree steps emit over "
+        "those their main drafts alone earn, against a tree step's time over a linear "
+        "one's; both shapes are tried first, the losing one retried now and then, the "
+        "first choice logged. `on`: trees in every step that can have them; an engine "
+        "whose self-check fails refuses to start, naming the check's verdict. `off`: "
+        "linear drafts, no self-check, no scratch blocks held.",
         choices=TREE_MODES,
-    )
-    tree_free_tokens: int = option_field(
-        AUTO_TREE_FREE_TOKENS, 0,
-        "trees `auto`: the start-up measurement's free tokens (a one-token pass's time over "
-        "the time each token more adds) that turn trees on.",
     )
     tree_candidates: int = option_field(
         4, 0, high=MAX_TREE_SIZE, doc=
@@ -189,7 +177,7 @@ class LookaheadOptions(MethodOptions):
 
     @property
     def tree_drafts(self) -> bool:
-        """Trees may be built (subject to the start-up decision and self-check)."""
+        """Trees may be built (subject to the target's attention and the self-check)."""
         return self.trees != "off" and bool(self.tree_candidates or self.tree_window)
 
     def recycled_top_k(self, trees_on: bool) -> int:

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lookahead.lookahead import trees
 from vllm_lookahead.lookahead.budget import StepPlan, WorkerEstimates
 from vllm_lookahead.lookahead.cut import CostAwareCut
 from vllm_lookahead.lookahead.options import LookaheadOptions
@@ -21,6 +20,8 @@ from vllm_lookahead.lookahead.sources.draft import Draft
 from vllm_lookahead.lookahead.sources.drafts import DraftSources
 from vllm_lookahead.lookahead.state import DecodingRows, RequestState
 from vllm_lookahead.lookahead.step_cost import StepCostModel
+from vllm_lookahead.lookahead.tree_switch import TreeSwitch
+from vllm_lookahead.lookahead.trees import grow_trees
 from vllm_lookahead.lookahead.uniform_drafts import UniformDrafts, fill_draft
 from vllm_lookahead.metrics import DRAFT_SOURCES, ProposerStats
 from vllm_lookahead.worker import request_support, runner_state
@@ -38,20 +39,25 @@ class DraftPlanner:
         self._sources = sources
         self._uniform = uniform
         self._cost_model = cost_model
-        self._tree_yields = estimates.tree_yields
         self._stats = stats
         self._cut = CostAwareCut(estimates, cost_model, stats)
         self._rests = DraftRests()
         #: the last step's drafts were filled to K: it grew no trees
         self.filled = False
+        #: the last step grew trees (True), or was a linear step (False), or neither
+        #: (None: filled, or every draft dropped): the shape ``tree_choice`` compares
+        self.shape: bool | None = None
+        #: tokens the last step would have computed with its main drafts alone
+        self.main_tokens = 0
 
     def plan(self, runner: Any, decoding: DecodingRows, num_tokens_no_spec: np.ndarray,
-             token_ids_cpu: np.ndarray, num_rows: int, trees_on: bool) -> list[list[int]]:
-        """Main drafts from the sources, cut to the step's budget, grown into trees or
-        filled to K: one per input-batch row (``num_rows``), empty where none decodes,
-        and every one empty where the load leaves no token that could pay."""
+             token_ids_cpu: np.ndarray, num_rows: int, trees: TreeSwitch) -> list[list[int]]:
+        """Main drafts from the sources, cut to the step's budget, grown into trees where
+        ``trees`` want them or filled to K: one per input-batch row (``num_rows``), empty
+        where none decodes, and every one empty where the load leaves no token that
+        could pay."""
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
-        self.filled = False
+        self.filled, self.shape = False, None
         rows, states = decoding.rows, decoding.states
         if not rows:
             return drafts
@@ -59,7 +65,9 @@ class DraftPlanner:
         bounds = self._draft_bounds(states, num_tokens)
         if self._uniform.graph_requests is None:  # the runner's graphs exist by now
             self._uniform.set_graph_requests(runner_state.uniform_graph_requests(runner))
-        plan = self.step_plan(self._uniform.wanted(num_rows, len(rows), bounds), len(rows))
+        fill = self._uniform.wanted(num_rows, len(rows), bounds)
+        plan = self.step_plan(fill, len(rows), not fill and trees.wanted(len(rows)),
+                              trees.choice is not None)
         if self.options.cost_aware_drafts and not self._cut.may_keep_any(bounds, plan):
             for state in states:
                 state.draft, state.draft_origin = [], None
@@ -78,33 +86,38 @@ class DraftPlanner:
         for row, draft, state in zip(rows, main, states):
             drafts[row] = list(draft.tokens)
             state.drop_tree()  # linear unless grown below
+        self.main_tokens = len(rows) + sum(map(len, drafts))
         # a step with trees runs eagerly: where filling won, its graph beat them too
         # (the tree steps were among the other steps it was timed against)
-        if trees_on and not plan.fill:
-            nodes = trees.grow_trees(
-                rows, states, drafts, token_ids_cpu, num_tokens, plan.free_tokens,
-                self._tree_yields, self.options, self.max_model_len, self._sources.recycled)
+        if plan.trees:
+            nodes = grow_trees(rows, states, drafts, token_ids_cpu, num_tokens,
+                               plan.free_tokens, self.options, self.max_model_len,
+                               self._sources.recycled)
             self._stats.tree_nodes += nodes
             self._stats.tree_steps += nodes > 0
+            self.shape = nodes > 0
         if plan.fill:
             self._fill(rows, main, states, bounds, drafts)
+        elif self.shape is None:
+            self.shape = False
         self._remember(main, states)
         return drafts
 
-    def step_plan(self, fill: bool, num_requests: int) -> StepPlan:
+    def step_plan(self, fill: bool, num_requests: int, trees: bool = False,
+                  measured_trees: bool = False) -> StepPlan:
         """What a step of ``num_requests`` affords (``budget.StepPlan``), with ``fill``
-        as this rank's ``uniform_drafts`` wants it: without ``cost_aware_drafts``
-        infinite free tokens and no curve; before the cost model has an estimate, none
-        of either."""
+        and ``trees`` as this rank wants them (``measured_trees``: ``trees`` is this
+        rank's measurement): without ``cost_aware_drafts`` infinite free tokens and no
+        curve; before the cost model has an estimate, none of either."""
         if not self.options.cost_aware_drafts:
-            plan = StepPlan(math.inf, None, fill)
+            plan = StepPlan(math.inf, None, fill, trees=trees)
         elif self._cost_model.has_estimate:
             cost = self._cost_model
             plan = StepPlan(cost.free_tokens(), cost.step_curve(num_requests), fill,
-                            not fill and cost.wants_baseline(num_requests))
+                            not fill and cost.wants_baseline(num_requests), trees)
         else:
-            plan = StepPlan(None, None, fill)
-        if not self.options.cost_aware_drafts and not self._uniform.may_fill:
+            plan = StepPlan(None, None, fill, trees=trees)
+        if not (self.options.cost_aware_drafts or self._uniform.may_fill or measured_trees):
             return plan
         return runner_state.broadcast_from_first_tp_rank(plan)
 

@@ -5,8 +5,8 @@ Each step, for every decoding request: read what the last verification pass told
 learn from it (``learning.py``: acceptance, the Jacobi harvest, earlier drafts checked
 in hindsight), then plan the next drafts (``planning.py``): the longest context or
 corpus match filled from the pool (``sources/``), cut to what the step affords
-(``cut.py``, ``budget.py``), grown into a tree where trees pay and are on
-(``trees.py``, ``tree_switch.py``), or filled to K where that makes the step replay a
+(``cut.py``, ``budget.py``), grown into a tree where trees are on and were measured
+to pay (``trees.py``, ``tree_switch.py``, ``tree_choice.py``), or filled to K where that makes the step replay a
 full CUDA graph (``uniform_drafts.py``).
 
 This module is the face vLLM and ``worker/`` call: the step, and the hooks that bind
@@ -79,6 +79,10 @@ class LookaheadProposer:
         #: benchmarks/replay/ and the tests)
         self.clock = time.perf_counter
         self._step_start: tuple[float, int, int] | None = None
+        #: the pass read last: whether its step grew trees (None: neither shape), its
+        #: tokens, those its main drafts alone earned, and the tokens those drafts
+        #: alone would have computed (for ``tree_choice``)
+        self._last_pass: tuple[bool | None, int, int, int] = (None, 0, 0, 0)
 
     @property
     def stats(self) -> ProposerStats:
@@ -99,8 +103,8 @@ class LookaheadProposer:
 
     @property
     def trees_on(self) -> bool:
-        """Tree options on, and the worker's start-up decision (trees ``auto``) and
-        self-check of the tree step (if they have run) said yes."""
+        """Tree options on, and the target's attention and the worker's self-check of
+        the tree step (if it has run) said yes: some steps may grow trees."""
         return self._trees.on
 
     @property
@@ -108,12 +112,13 @@ class LookaheadProposer:
         """The target's top-k wanted at each row's last position, every pass (recycling).
 
         0 while ``recycle_top_k`` is ``auto`` (recycling for trees) and the pass
-        verifies filled drafts: those steps grow no trees, and on an H100 the capture
-        and its copies took the proposer from 0.52 to 0.94 ms a step (run (bq)) where
-        filling won nearly every step. The table keeps its rows, and takes new ones
-        again from the first pass that verifies unfilled drafts."""
+        verifies no tree: on an H100 the capture and its copies took the proposer from
+        0.52 to 0.94 ms a step (run (bq)) where filled drafts won nearly every step, and
+        on 2 AVX2 cores 3.2 ms of SmolLM2-135M's linear steps, 11 ms of
+        Qwen2.5-Coder-1.5B's (runs (gt), (gu)). The table keeps its rows, and takes new
+        ones again from the next tree step."""
         recycled = self._sources.recycled
-        if recycled is None or (self._planner.filled and self.options.recycle_top_k == "auto"):
+        if recycled is None or (not self._planner.shape and self.options.recycle_top_k == "auto"):
             return 0
         return recycled.top_k
 
@@ -123,10 +128,10 @@ class LookaheadProposer:
         return max(self.options.rescoring_top_k, self.capture_last_top_k)
 
     @property
-    def trees_need_free_tokens(self) -> int | None:
-        """Trees ``auto``: the free tokens the worker's start-up measurement must find
-        (``on_start_cost``); None: trees do not depend on it."""
-        return self.options.tree_free_tokens if self.options.trees == "auto" else None
+    def measures_start_cost(self) -> bool:
+        """Trees ``auto``: the worker measures the target's pass by token count before
+        the first request (``on_start_cost``), the cost-aware cut's first estimate."""
+        return self.options.trees == "auto"
 
     # -- hooks called by vLLM and worker/ ------------------------------------------------
 
@@ -140,15 +145,14 @@ class LookaheadProposer:
         self._trees.check_attention(self._runner)
 
     def on_start_cost(self, cost: Any) -> None:
-        """Trees ``auto``: the worker measured what an extra token costs the target
-        (``worker.start_cost.StartCost``, the first tensor-parallel rank's); trees stay
-        on only where enough tokens are free, and the cost-aware cut starts from it."""
+        """The worker measured what an extra token costs the target
+        (``worker.start_cost.StartCost``, the first tensor-parallel rank's): the
+        cost-aware cut starts from it."""
         self.start_cost = cost
         if not cost.reason and cost.token_seconds > 0:
             self.cost_model.set_prior(cost.fixed_seconds, cost.token_seconds, cost.sizes,
                                       cost.size_seconds)
         self._stats.start_free_tokens = cost.free_tokens
-        self._trees.read_start_cost(cost)
 
     def on_tree_check(self, check: Any) -> None:
         """The worker's self-check of the tree step: if it failed, drafts stay linear
@@ -180,6 +184,12 @@ class LookaheadProposer:
             step_start, num_scheduled, requests = self._step_start
             if self._uniform.timed(requests, num_scheduled, now - step_start):
                 self.cost_model.add(num_scheduled, now - step_start, requests)
+            tree, tokens, main_tokens, main_scheduled = self._last_pass
+            if tree is not None:
+                curve = self.cost_model.curve() if tree else None
+                linear_seconds = None if curve is None else float(curve(main_scheduled))
+                self._trees.timed(requests, tree, now - step_start, tokens, main_tokens,
+                                  linear_seconds)
         self._step_start = (now, num_scheduled_tokens, num_requests) if decode_only else None
 
     def on_requests_removed(self, finished: set[str], preempted: set[str]) -> None:
@@ -225,10 +235,14 @@ class LookaheadProposer:
         """Learn from the last pass, then plan each decoding request's next draft (by
         batch row; empty for prompt chunks)."""
         start = time.perf_counter()
+        # the step whose pass is read now
+        shape, main_scheduled = self._planner.shape, self._planner.main_tokens
         decoding = self._learner.read_pass(self._runner, sampled_token_ids,
                                            num_tokens_no_spec, token_ids_cpu)
+        self._last_pass = (shape, self._learner.pass_tokens, self._learner.pass_main_tokens,
+                           main_scheduled)
         drafts = self._planner.plan(self._runner, decoding, num_tokens_no_spec, token_ids_cpu,
-                                    len(sampled_token_ids), self.trees_on)
+                                    len(sampled_token_ids), self._trees)
         self._count_step(start)
         return drafts
 

@@ -67,7 +67,6 @@ class RequestState:
     tree_candidates: int = 0  # G and W: the options, or the request's own lower bounds
     tree_window: int = 0
     tree: tuple[list[int], np.ndarray] | None = None
-    passes_without_tree: int = 0  # since the last tree (probing when trees do not pay)
     window: list[list[int]] | None = None  # Jacobi window levels, level 0 first
     # per window column of the last tree: (column, node of its key, its last node)
     window_columns: list[tuple[int, int, int]] = field(default_factory=list)

@@ -1,7 +1,9 @@
-"""Whether this worker grows tree drafts: the tree options say so until the worker's
-start-up findings (the target's attention, trees ``auto``'s cost measurement, the
-tree step's self-check) say otherwise; drafts are linear from then on, and recycling
-``auto`` (which pays only with trees) ends with them."""
+"""Whether this worker grows tree drafts, and in which steps: the tree options say so
+until the worker's start-up findings (the target's attention, the tree step's
+self-check) say otherwise, and drafts are linear from then on (recycling ``auto``,
+which pays only with trees, ends with them); while trees are on, ``on`` grows them
+in every step that may have them and ``auto`` where they were measured to pay
+(``tree_choice.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 from vllm_lookahead.log import get_logger
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.drafts import DraftSources
+from vllm_lookahead.lookahead.tree_choice import TreeChoice
 from vllm_lookahead.worker import runner_state
 from vllm_lookahead.worker import tree_step
 
@@ -17,12 +20,27 @@ logger = get_logger(__name__)
 
 
 class TreeSwitch:
-    """Decides whether trees are on (``on``)."""
+    """Decides whether trees are on (``on``) and whether a step grows them
+    (``wanted``)."""
 
     def __init__(self, options: LookaheadOptions, sources: DraftSources):
         self.options = options
         self._sources = sources
         self.on = options.tree_drafts
+        self.choice = TreeChoice() if options.trees == "auto" else None
+
+    def wanted(self, num_requests: int) -> bool:
+        """Grow trees in the next step of ``num_requests`` decoding requests."""
+        if not self.on:
+            return False
+        return self.choice is None or self.choice.wanted(num_requests)
+
+    def timed(self, num_requests: int, tree: bool, seconds: float, tokens: int,
+              main_tokens: int, linear_seconds: float | None) -> None:
+        """A decode step's shape, time and tokens (``TreeChoice.add``), for trees
+        ``auto``."""
+        if self.on and self.choice is not None:
+            self.choice.add(num_requests, tree, seconds, tokens, main_tokens, linear_seconds)
 
     def check_attention(self, runner: Any) -> None:
         """With trees on, the target's attention must mask trees (trees ``on``: an
@@ -37,17 +55,6 @@ class TreeSwitch:
             if runner_state.is_first_tp_rank():
                 logger.info("vllm-lookahead: trees auto: off, drafts are linear: this model's "
                             "attention cannot take them here: %s", "; ".join(problems))
-            self.turn_off()
-
-    def read_start_cost(self, cost: Any) -> None:
-        """Trees ``auto``: on only where the worker's start-up measurement
-        (``worker.start_cost.StartCost``) found ``tree_free_tokens`` free; logged."""
-        free, wanted = cost.free_tokens, self.options.tree_free_tokens
-        verdict = "on, if the self-check passes" if free >= wanted else "off, drafts are linear"
-        if runner_state.is_first_tp_rank():
-            logger.info("vllm-lookahead: trees auto: %s: %s; trees need %d (tree_free_tokens; "
-                        "trees on / off skips the measurement)", verdict, cost.describe(), wanted)
-        if free < wanted:
             self.turn_off()
 
     def read_tree_check(self, check: Any) -> None:

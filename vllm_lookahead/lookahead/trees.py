@@ -12,24 +12,18 @@ import zlib
 
 import numpy as np
 
-from vllm_lookahead.lookahead.budget import TreeYield
 from vllm_lookahead.lookahead.options import LookaheadOptions
 from vllm_lookahead.lookahead.sources.recycled import RecycledTopK
 from vllm_lookahead.lookahead.state import RequestState
 from vllm_lookahead.tree import TreeBuilder
 
-#: What a tree costs, in linear draft tokens: each node off the first chain, and each
-#: request with a tree (root block copies, path writes, the kernel reading the prefix
-#: once more per branch). benchmarks/README.md, runs (v) and (w), SmolLM2-135M on 2 CPU
-#: cores: a draft token ~1.1 ms; a tree of 24 nodes 4-9 ms more than a linear draft of
-#: 24; in the batch-1 run a tree node cost ~1.7 ms of step time.
+#: What a tree costs under load, in linear draft tokens: each node off the first chain,
+#: and each request with a tree (root block copies, path writes, the kernel reading the
+#: prefix once more per branch). benchmarks/README.md, runs (v) and (w), SmolLM2-135M on
+#: 2 CPU cores: a draft token ~1.1 ms; a tree of 24 nodes 4-9 ms more than a linear
+#: draft of 24.
 TREE_NODE_COST = 2
 TREE_ROW_COST = 6
-#: A request whose trees do not pay still gets one every this many passes, so that the
-#: trees' yield keeps being measured.
-TREE_PROBE_INTERVAL = 16
-#: Bound on the nodes a tree may add when the step's spare tokens are unbounded.
-MAX_TREE_NODES = 1 << 30
 
 
 def tree_of(state: RequestState | None, scheduled: list[int]) -> np.ndarray | None:
@@ -45,38 +39,30 @@ def tree_of(state: RequestState | None, scheduled: list[int]) -> np.ndarray | No
 
 def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[int]],
                token_ids_cpu: np.ndarray, num_tokens: np.ndarray, free_tokens: float | None,
-               tree_yields: list[TreeYield], options: LookaheadOptions, max_model_len: int,
+               options: LookaheadOptions, max_model_len: int,
                recycled: RecycledTopK | None) -> int:
-    """Turn each main draft (in ``drafts``, by row, replaced) into a token tree; returns
-    the nodes added (the caller has reset every state's tree: one step's tree never
-    outlives it). Each request gets at most its K nodes. Trees are built only while
-    they pay: a tree node must yield (accepted tokens off the main drafts per node,
-    measured on this worker for the request's sampling class) at least what a draft
-    token of its cost earns the step; on a GPU, where the cost model finds extra tokens
-    nearly free, that is almost always, on a small CPU only for text where trees win
-    often. Requests that do not get trees still probe one every
-    ``TREE_PROBE_INTERVAL`` passes. With several
-    requests in the step (and ``cost_aware_drafts``), trees also take only the tokens
-    the cost model says are nearly free, a tree costing ``TREE_ROW_COST`` plus
-    ``TREE_NODE_COST`` per node (none before the model has samples), so under load
-    trees shrink to nothing before main drafts are cut."""
-    step_tokens = sum(len(drafts[row]) + 1 for row in rows)
-    if free_tokens is None:  # no fit yet: a lone request's step is latency-bound
-        free = math.inf if len(rows) == 1 else 0.0
+    """Turn each main draft (in ``drafts``, by row, replaced) into a token tree of at
+    most the request's K nodes; returns the nodes added (the caller has reset every
+    state's tree: one step's tree never outlives it). Whether the step has trees at
+    all is the caller's (``tree_switch.py``); what they may cost is the cost model's
+    (``free_tokens``: a step's fixed cost in tokens, None before it has an estimate).
+    A lone request's tree adds at most ``free_tokens`` nodes: it never makes the pass
+    cost more than twice a one-token pass, so that trying trees where tokens are dear
+    costs little. With several requests, trees take only the tokens the cost model says
+    are nearly free, each costing ``TREE_ROW_COST`` plus ``TREE_NODE_COST`` per node
+    (none before the model has samples), so under load trees shrink to nothing before
+    main drafts are cut."""
+    alone = len(rows) == 1
+    if free_tokens is None:
+        spare = math.inf if alone else 0.0
     else:
-        free = free_tokens
-    pays = {c: tree_yields[c].pays(len(rows), step_tokens, free, TREE_NODE_COST)
-            for c in {state.sampling_class for state in states}}
-    spare = math.inf if len(rows) == 1 else free - step_tokens  # in linear tokens
+        spare = free_tokens if alone else free_tokens - sum(len(drafts[row]) + 1 for row in rows)
+    row_cost, node_cost = (0, 1) if alone else (TREE_ROW_COST, TREE_NODE_COST)
     nodes_added = 0
     for b, (row, state) in enumerate(zip(rows, states)):
-        state.passes_without_tree += 1
-        if not pays[state.sampling_class] and state.passes_without_tree < TREE_PROBE_INTERVAL:
-            continue
         main = drafts[row]
-        nodes = (spare - TREE_ROW_COST) / TREE_NODE_COST
-        cap = min(state.max_draft, max_model_len - int(num_tokens[b]) - 1,
-                  len(main) + max(0, int(min(nodes, MAX_TREE_NODES))))
+        nodes = max(0, int(min((spare - row_cost) / node_cost, state.max_draft)))
+        cap = min(state.max_draft, max_model_len - int(num_tokens[b]) - 1, len(main) + nodes)
         if not state.tree_ok or cap <= len(main):
             continue
         builder = TreeBuilder(state.pending_token, cap)
@@ -97,8 +83,7 @@ def grow_trees(rows: list[int], states: list[RequestState], drafts: list[list[in
         if not added:
             state.drop_tree()  # the window columns added no node
         else:
-            spare -= TREE_ROW_COST + added * TREE_NODE_COST
-            state.passes_without_tree = 0
+            spare -= row_cost + added * node_cost
             nodes_added += added
             state.tree = (builder.tokens, np.array(builder.parents))
             drafts[row] = builder.draft

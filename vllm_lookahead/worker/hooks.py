@@ -55,9 +55,9 @@ class DrafterHooks(Protocol):
     #: the drafter will build tree drafts (read once the KV cache exists: the worker
     #: then self-checks the tree step and reports with ``on_tree_check``)
     trees_on: bool
-    #: trees only where a pass takes this many tokens for free (the worker measures it
-    #: once the KV cache exists and reports with ``on_start_cost``), or None
-    trees_need_free_tokens: int | None
+    #: the worker measures the target's pass by token count once the KV cache exists
+    #: and reports with ``on_start_cost``
+    measures_start_cost: bool
 
     def bind_model_runner(self, runner: Any) -> None:
         """The runner the drafter serves (request ids per row, the KV cache)."""
@@ -83,7 +83,7 @@ class DrafterHooks(Protocol):
 
     def on_start_cost(self, cost: Any) -> None:
         """What one more token costs the target here (``start_cost.StartCost``), measured
-        before the self-check; the drafter may turn its trees off."""
+        before the self-check."""
 
     def on_tree_check(self, check: Any) -> None:
         """The start-up self-check of the tree step (``tree_check.TreeCheck``): trees

@@ -1,16 +1,17 @@
 """What one more verified token costs the target on this device, measured once at
-start-up, for trees ``auto`` (``start_up.check_at_start``).
+start-up where the drafter asks (trees ``auto``; ``start_up.check_at_start``).
 
-Trees pay where extra tokens in a pass are nearly free: a GPU at small batch computes
-a pass of 30 tokens in about the time of one, a small CPU takes a few percent more per
-token. Before the first request, each worker times forward passes of the target with
-``SIZES`` query tokens, through the serving model, metadata builders, kernels and dtype
-(eager, as tree steps run), in KV blocks no request holds yet; the first
-tensor-parallel rank's numbers decide for all ranks. Trees ``auto`` read the cost of
-one token against ``1 + EXTRA_TOKENS``; the cost-aware cut starts from the curve
-through all sizes (not a line: on a 2-core AVX2 CPU 3 and 5 tokens cost alike, 9 a
-quarter more) and the online cost model (``lookahead/step_cost.py``) then keeps deciding
-per step, under load too.
+A GPU at small batch computes a pass of 30 tokens in about the time of one, a small
+CPU takes a few percent more per token. Before the first request, each worker times
+forward passes of the target with ``SIZES`` query tokens, through the serving model,
+metadata builders, kernels and dtype (eager, as tree steps run), in KV blocks no
+request holds yet; the first tensor-parallel rank's numbers count for all ranks. The
+cost-aware cut starts from the curve through all sizes (not a line: on a 2-core AVX2
+CPU 3 and 5 tokens cost alike, 9 a quarter more) and the online cost model
+(``lookahead/step_cost.py``) then keeps deciding per step, under load too; the free
+tokens (the cost of one token against ``1 + EXTRA_TOKENS``) are reported. Whether
+steps grow trees is measured while serving (``lookahead/tree_choice.py``): the pass's
+cost alone kept trees off where they paid (issue 93).
 
 | vLLM attribute | use | why | verified on |
 |---|---|---|---|
@@ -80,7 +81,7 @@ def measure(runner: Any) -> StartCost:
     passes are collective); the first rank's result."""
     try:
         cost = _timed_passes(runner)
-    except Exception as exc:  # noqa: BLE001 - no measurement: trees auto stays linear
+    except Exception as exc:  # noqa: BLE001 - no measurement: the cut learns online
         cost = StartCost(math.nan, math.nan, f"{type(exc).__name__}: {exc}")
     return runner_state.broadcast_from_first_tp_rank(cost)
 

@@ -1,7 +1,7 @@
 """What a runner whose drafter builds trees does once its KV cache exists, before the
-first request: measure what one more token costs (``start_cost``) where the drafter's
-trees depend on it, then install the tree step (``tree_step``, ``attention_backends``)
-and prove it on the device in use (``tree_check``). The drafter hears both verdicts.
+first request: measure what one more token costs (``start_cost``) where the drafter
+asks, then install the tree step (``tree_step``, ``attention_backends``) and prove it
+on the device in use (``tree_check``). The drafter hears both.
 
 The procedures above the mechanism: this module and the two it runs use the tree step;
 the tree step knows none of them.
@@ -23,8 +23,7 @@ from vllm_lookahead.worker.hooks import DrafterHooks, hook
 def check_at_start(runner: Any, source: DrafterHooks) -> None:
     """Wrap ``runner.initialize_kv_cache`` (instance attribute): once the KV cache and
     its metadata builders exist (not the minimal cache of vLLM's CUDA-graph profiling),
-    measure what an extra token costs if the drafter's trees depend on it
-    (``start_cost``), then wrap the builders and run the tree step's self-check
+    measure what an extra token costs if the drafter asks (``start_cost``), then wrap the builders and run the tree step's self-check
     (``tree_check``); the drafter gets both before the first request."""
     original = runner.initialize_kv_cache
 
@@ -33,7 +32,7 @@ def check_at_start(runner: Any, source: DrafterHooks) -> None:
         is_profiling = kwargs.get("is_profiling", args[0] if args else False)
         if is_profiling or not hook(source, "trees_on"):
             return result
-        if hook(source, "trees_need_free_tokens") is not None:
+        if hook(source, "measures_start_cost"):
             source.on_start_cost(start_cost.measure(runner))
         if source.trees_on:
             tree_step.wrap_metadata_builders(runner)
