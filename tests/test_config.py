@@ -239,7 +239,7 @@ def test_server_rejects_bad_option_at_startup_without_traceback(llama_path):
 
 def test_registering_and_validating_options_leave_numba_unloaded():
     """vLLM 0.32's CPU platform fails to start a worker in a process that imported numba
-    (README, Limitations): the plugin and the option checks run in every process before
+    (vllm_lookahead/worker/kernel_overrides.py): the plugin and the option checks run in every process before
     the runner exists, so they must not import the numba-compiled drafting code."""
     check = ("import sys, vllm_lookahead.plugin as p; p.register(); "
              "from vllm_lookahead.lookahead.options import LookaheadOptions; "

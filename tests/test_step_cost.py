@@ -22,7 +22,7 @@ def test_a_dummy_model_has_the_shape_and_the_tokenizers_vocabulary(llama_path, t
 def test_every_step_computes_the_tokens_asked_and_is_counted_by_graph_mode(llama_path,
                                                                            tmp_path):
     # in a fresh interpreter: its engines run in-process, and vLLM 0.32's CPU platform
-    # cannot start one in a process where numba is loaded (README, Limitations)
+    # cannot start one in a process where numba is loaded (worker/kernel_overrides.py)
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.step_cost", "--model", llama_path, "--dtype",
          "float32", "--enforce-eager", "--ks", "3", "--tokens", "1,4", "--batches", "1,2",

@@ -25,9 +25,9 @@ batch size:
 Trees go on while ``gain >= slowdown``. Both shapes are run ``MIN_STEPS`` times at a
 batch size first, alternating; then the shape that lost is run for ``PROBE_STEPS`` now
 and then (every ``PROBE_INTERVAL`` steps, backing off while it keeps losing), and older
-steps count less (``DECAY`` per step), so the choice follows the workload.
-What a tree may cost while it is tried is bounded apart (``trees.grow_trees``). The first tensor-parallel rank's choice is every
-rank's (``budget.StepPlan``).
+steps count less (``DECAY`` per step), so the choice follows the workload. What a tree
+may cost while it is tried is bounded apart (``trees.grow_trees``). The first
+tensor-parallel rank's choice is every rank's (``budget.StepPlan``).
 """
 
 from __future__ import annotations
