@@ -221,24 +221,32 @@ def test_a_filled_step_after_a_tree_step_is_read_as_the_filled_draft():
 
 @pytest.mark.parametrize("recycle_top_k", ["auto", 3])
 def test_passes_verifying_filled_drafts_capture_no_top_k_for_auto_recycling(recycle_top_k):
-    """Recycling ``auto`` serves trees, and a filled step grows none: the pass that
-    verifies filled drafts skips the top-k capture (rescoring's stays); an explicit
-    ``recycle_top_k`` (a linear source) keeps it."""
+    """Recycling ``auto`` serves trees: only a pass that verifies a tree captures the
+    top-k (rescoring's stays), so a filled step, which grows none, skips it; an
+    explicit ``recycle_top_k`` (a linear source) keeps it in every pass."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+
     from vllm_lookahead.lookahead.options import RECYCLE_TOP_K_WITH_TREES
 
     proposer, runner = make_proposer(k=K, tree_candidates=2, uniform_drafts="on",
                                      rescoring_top_k=2, recycle_top_k=recycle_top_k)
     wanted = RECYCLE_TOP_K_WITH_TREES if recycle_top_k == "auto" else recycle_top_k
-    assert proposer.capture_last_top_k == proposer.capture_top_k == wanted
-    batch = Batch(runner, {"a": [1, 2, 3, 1, 2]})
-    assert len(batch.propose(proposer, [[2]])[0]) == K and proposer.stats.filled_steps == 1
     paused = recycle_top_k == "auto"
+    assert proposer.capture_last_top_k == (0 if paused else wanted)  # no tree verified yet
+    greedy = SimpleNamespace(sampling_params=SamplingParams(temperature=0))
+    batch = Batch(runner, {"a": [1, 2, 3, 1, 2]})
+    runner.requests["a"] = greedy
+    assert len(batch.propose(proposer, [[2]])[0]) == K and proposer.stats.filled_steps == 1
     assert proposer.capture_last_top_k == (0 if paused else wanted)
     assert proposer.capture_top_k == (2 if paused else wanted)
-    # a prompt chunk joins: the step cannot be uniform, drafts are not filled
+    # a prompt chunk joins: the step cannot be uniform, drafts are not filled: a tree
     batch.set({"a": [1, 2, 3, 1, 2, 3], "b": [7, 8]})
-    batch.propose(proposer, [[3], []])
+    runner.requests["a"] = greedy
+    draft, _ = batch.propose(proposer, [[3], []])
     assert proposer.stats.filled_steps == 1
+    assert proposer.draft_tree("a", draft) is not None
     assert proposer.capture_last_top_k == proposer.capture_top_k == wanted
 
 
