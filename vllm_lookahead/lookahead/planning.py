@@ -89,17 +89,16 @@ class DraftPlanner:
         self.main_tokens = len(rows) + sum(map(len, drafts))
         # a step with trees runs eagerly: where filling won, its graph beat them too
         # (the tree steps were among the other steps it was timed against)
+        nodes = 0
         if plan.trees:
             nodes = grow_trees(rows, states, drafts, token_ids_cpu, num_tokens,
                                plan.free_tokens, self.options, self.max_model_len,
                                self._sources.recycled)
             self._stats.tree_nodes += nodes
             self._stats.tree_steps += nodes > 0
-            self.shape = nodes > 0
         if plan.fill:
             self._fill(rows, main, states, bounds, drafts)
-        elif self.shape is None:
-            self.shape = False
+        self.shape = None if plan.fill else nodes > 0
         self._remember(main, states)
         return drafts
 

@@ -6,8 +6,8 @@ learn from it (``learning.py``: acceptance, the Jacobi harvest, earlier drafts c
 in hindsight), then plan the next drafts (``planning.py``): the longest context or
 corpus match filled from the pool (``sources/``), cut to what the step affords
 (``cut.py``, ``budget.py``), grown into a tree where trees are on and were measured
-to pay (``trees.py``, ``tree_switch.py``, ``tree_choice.py``), or filled to K where that makes the step replay a
-full CUDA graph (``uniform_drafts.py``).
+to pay (``trees.py``, ``tree_switch.py``, ``tree_choice.py``), or filled to K where
+that makes the step replay a full CUDA graph (``uniform_drafts.py``).
 
 This module is the face vLLM and ``worker/`` call: the step, and the hooks that bind
 the runner, time steps, hand over verifications and report start-up findings. vLLM
