@@ -199,10 +199,12 @@ def latency_stats(requests: list[dict]) -> dict:
 def _proposer(m: dict | None) -> dict:
     """The drafter's time per engine step and its share of the mean engine step (in
     server mode, where the harness counts no engine steps, of the steps the drafter ran
-    in); the draft tokens the cut kept: their acceptance estimated, summed, and matched."""
+    in); the draft tokens the cut kept: their acceptance estimated, summed, and matched;
+    the steps that verified trees and the tree nodes off the main drafts."""
     stats = (m and m.get("proposer")) or {}
     kept = {"kept_tokens_expected": stats.get("kept_tokens_expected"),
-            "kept_tokens_matched": stats.get("kept_tokens_matched")}
+            "kept_tokens_matched": stats.get("kept_tokens_matched"),
+            "tree_steps": stats.get("tree_steps"), "tree_nodes": stats.get("tree_nodes")}
     steps = m and (m.get("engine_steps") or stats.get("steps"))
     if not stats.get("steps") or not steps:
         return {"proposer_ms_per_step": None, "mean_step_ms": None, "proposer_share": None,

@@ -26,7 +26,7 @@ ACCEPTED_PER_POS = SPEC_DECODE_PREFIX + "num_accepted_tokens_per_pos"
 #: The proposer's counters a measurement reports (``proposer_delta``).
 PROPOSER_FIELDS = ("steps", "seconds", "kept_tokens_expected", "kept_tokens_matched",
                    "cut_tokens", "cut_tokens_confirmed", "undrafted_steps", "resting_drafts",
-                   "baseline_steps")
+                   "baseline_steps", "tree_steps", "tree_nodes")
 #: The cut's fitted step cost at the end of a measurement (gauges).
 STEP_COST_FIELDS = ("step_fixed_seconds", "step_token_seconds")
 
@@ -162,7 +162,7 @@ def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
     """A measurement's share of the proposer's counters (``ProposerStats`` fields, or
     ``proposer_counters``): steps, seconds, the cut's kept tokens (estimated, matched),
     its cut tokens (all, and those the text then matched), the steps it did not draft,
-    lookahead's accepted tokens by draft source; and the step cost the cut fitted by
+    the steps with trees and their nodes off the main drafts, lookahead's accepted tokens by draft source; and the step cost the cut fitted by
     the end."""
     if not before or not after:
         return None

@@ -108,7 +108,8 @@ def _table(mode: str, rows: list[dict]) -> list[str]:
         after = [name for name, _ in columns].index("speedup") + 1
         columns.insert(after, ("speedup by round: mean ± s.e. (n)", _by_round))
     columns += [("proposer ms/step (% of step)", _proposer),
-                ("kept draft tokens: estimated / matched", _kept)]
+                ("kept draft tokens: estimated / matched", _kept),
+                ("tree steps (nodes off main / tree step)", _trees)]
     columns.append(("accepted by source", _accepted_by_source))
     lines = ["| " + " | ".join(name for name, _ in columns) + " |",
              "|" + "---|" * len(columns)]
@@ -254,6 +255,16 @@ def _kept(row: dict) -> str:
     if row.get("kept_tokens_expected") is None:
         return "n/a"
     return f"{row['kept_tokens_expected']:.0f} / {row['kept_tokens_matched']:.0f}"
+
+
+def _trees(row: dict) -> str:
+    """Steps that verified a tree, of the proposer's steps, and their nodes off the
+    main drafts per tree step (the tree's extra tokens)."""
+    if row.get("tree_steps") is None:
+        return "n/a"
+    if not row["tree_steps"]:
+        return "0"
+    return f"{row['tree_steps']:.0f} ({row['tree_nodes'] / row['tree_steps']:.1f})"
 
 
 # -- Plots ----------------------------------------------------------------------------

@@ -54,6 +54,8 @@ vllm:lookahead_kept_draft_tokens_expected_total{engine="0",model_name="m"} 30.5
 vllm:lookahead_kept_draft_tokens_matched_total{engine="0",model_name="m"} 25.0
 vllm:lookahead_cut_draft_tokens_matched_total{engine="0",model_name="m"} 7.0
 vllm:lookahead_step_token_seconds{engine="0",model_name="m"} 0.002
+vllm:lookahead_tree_steps_total{engine="0",model_name="m"} 4.0
+vllm:speculative_tree_nodes_total{engine="0",method="lookahead",model_name="m"} 24.0
 """
 
 
@@ -66,9 +68,11 @@ def test_prometheus_counters_are_parsed():
     assert before["steps"] == 40 and before["kept_tokens_expected"] == 30.5
     assert before["cut_tokens_confirmed"] == 7
     assert math.isnan(before["step_fixed_seconds"])
-    after = proposer_counters(PROMETHEUS.replace(" 40.0", " 50.0").replace(" 20.0", " 26.0"))
+    after = proposer_counters(PROMETHEUS.replace(" 40.0", " 50.0").replace(" 20.0", " 26.0")
+                              .replace(" 4.0", " 6.0").replace(" 24.0", " 36.0"))
     delta = proposer_delta(before, after)
     assert delta["steps"] == 10 and delta["kept_tokens_matched"] == 0
+    assert delta["tree_steps"] == 2 and delta["tree_nodes"] == 12
     assert delta["step_token_seconds"] == 0.002  # a gauge: its value at the end
     assert delta["accepted_by_source"]["context"] == 6
     assert delta["accepted_by_source"]["corpus"] == 0  # not exported yet: none
@@ -189,7 +193,7 @@ def test_summary_rows_speedup_compression_and_acceptance():
                                  _request("r", 1, [2] * 4, 4, 1.0, "rag")])
     fast = _measurement("x", [_request("q", 1, [1] * 8, 2, 0.5, "qa", spec),
                               _request("r", 1, [2, 2, 2, 9], 2, 0.5, "rag", missed)],
-                        proposer={"steps": 4, "seconds": 0.02,
+                        proposer={"steps": 4, "seconds": 0.02, "tree_steps": 2, "tree_nodes": 9,
                                   "accepted_by_source": {"context": 3, "pool": 1, "tree": 0}},
                         steps=4)
     rows = {(r["method"], r["group"]): r for r in metrics.summarize([base, fast])}
@@ -203,6 +207,8 @@ def test_summary_rows_speedup_compression_and_acceptance():
     assert overall["proposer_ms_per_step"] == pytest.approx(5.0)
     assert overall["proposer_share"] == pytest.approx(0.01)
     assert overall["accepted_share_by_source"] == {"context": 0.75, "pool": 0.25, "tree": 0.0}
+    assert (overall["tree_steps"], overall["tree_nodes"]) == (2, 9)
+    assert report._trees(overall) == "2 (4.5)" and report._trees(rows[("x", "qa")]) == "n/a"
     assert rows[("x", "qa")]["accepted_share_by_source"] is None  # whole measurements only
     # shares are of vLLM's accepted tokens: what the sources miss shows as uncounted
     fast["proposer"]["accepted_by_source"] = {"context": 1, "pool": 1, "tree": 0}

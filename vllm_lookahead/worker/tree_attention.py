@@ -281,7 +281,9 @@ def prepare_layer(impl: Any, layer: Any, key: torch.Tensor, value: torch.Tensor,
     if not step.metadata_rewritten:
         raise RuntimeError("vllm-lookahead: a tree step reached attention without its "
                            "branch metadata (the metadata builder was not wrapped)")
-    keys, values = key[step.write_tokens], value[step.write_tokens]
+    # index_select, not ``key[index]``: half the time for a few rows (12 against 23 us
+    # the pair on a 2-core AMD EPYC), in each layer of every tree step
+    keys, values = key.index_select(0, step.write_tokens), value.index_select(0, step.write_tokens)
     impl.do_kv_cache_update(layer, keys, values, kv_cache, step.write_slots)
     step.kept_kv.append((impl, layer, kv_cache, keys, values))
 
@@ -295,4 +297,5 @@ def move_accepted_kv(step: TreeStep, tokens: list[int], slots: list[int]) -> Non
     index = torch.tensor([step.kept_index[token] for token in tokens]).to(device)
     targets = torch.tensor(slots, dtype=torch.int64).to(device)
     for impl, layer, kv_cache, keys, values in step.kept_kv:
-        impl.do_kv_cache_update(layer, keys[index], values[index], kv_cache, targets)
+        impl.do_kv_cache_update(layer, keys.index_select(0, index),
+                                values.index_select(0, index), kv_cache, targets)
