@@ -75,7 +75,7 @@ class StepTimers:
     def install(self, llm: Any, runner: Any, drafter: Any) -> None:
         from vllm.v1.sample import rejection_sampler
 
-        from vllm_lookahead.lookahead import trees
+        from vllm_lookahead.lookahead import planning
         from vllm_lookahead.worker import sampler, tree_attention, tree_step
         from vllm_lookahead.worker.tree_step import attention_layers
 
@@ -107,7 +107,8 @@ class StepTimers:
                             (drafter, "on_verification"), (drafter, "on_last_top_k")):
             self.wrap(owner, attr, "drafter captures")
         self.wrap(runner, "propose_draft_token_ids", "drafting")
-        self.wrap(trees, "grow_trees", "tree growing (proposer)")
+        # where the planner looks it up (it imports the name)
+        self.wrap(planning, "grow_trees", "tree growing (proposer)")
         original = engine.step
 
         def recorded_step():  # the whole step, then its pieces

@@ -32,7 +32,8 @@ PIECES = {
     "drafter captures": "sampler.capture_verification, top_k_logprobs, the drafter's "
                         "on_verification and on_last_top_k",
     "drafting": "runner.propose_draft_token_ids (and the drafter's propose)",
-    "tree growing (proposer)": "lookahead.trees.grow_trees",
+    "tree growing (proposer)": "lookahead.trees.grow_trees, as the planner calls it "
+                               "(lookahead.planning's name)",
 }
 MODEL_PIECES = ("model, without attention", "attention kernel", "logits")
 TREE_PIECES = ("tree planning", "root block copies", "metadata split", "scratch path writes",
