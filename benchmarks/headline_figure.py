@@ -69,6 +69,13 @@ GREEDY_SMOLLM = Row("CPU, one request at a time, greedy, SmolLM2-135M (3 sets)",
                     cells("fn", "SmolLM2", *ALL_SETS))
 GREEDY_QWEN = Row("CPU, one request at a time, greedy, Qwen2.5-Coder-0.5B (3 sets)",
                   cells("fp", "Qwen 0.5B", *ALL_SETS))
+GREEDY_QWEN_15 = Row("CPU, one request at a time, greedy, Qwen2.5-Coder-1.5B (3 sets)",
+                     cells("ha", "Qwen 1.5B", *ALL_SETS))
+GREEDY_QWEN_15_TREES = Row(
+    "the same, lookahead with trees in every step (`trees: \"on\"`, 4 candidates, "
+    "window 4, no cost-aware cut)",
+    tuple(Cell("ha", dataset, "Qwen 1.5B", renamed=(("lookahead", "lookahead-trees"),))
+          for dataset in ALL_SETS))
 SAMPLED_07 = Row("CPU, one request at a time, sampled T 0.7, top-p 0.95 (3 sets)",
                  cells("gj", "T 0.7", *ALL_SETS))
 SAMPLED_10 = Row("CPU, one request at a time, sampled T 1.0 (3 sets)",
@@ -88,11 +95,11 @@ SERVER_SAMPLED = Row(
 GPU = Row("GPU (one H200), one request at a time, greedy, SmolLM2-135M bf16, HumanEval "
           "(`suffix` with full CUDA graphs, its best)",
           (Cell("dc", "humaneval", "SmolLM2", renamed=(("suffix", "suffix-full"),)),))
-ROWS = (GREEDY_SMOLLM, GREEDY_QWEN, SAMPLED_07, SAMPLED_10, OFFLINE_64, SERVER_16,
-        SERVER_SAMPLED, GPU)
+ROWS = (GREEDY_SMOLLM, GREEDY_QWEN, GREEDY_QWEN_15, GREEDY_QWEN_15_TREES, SAMPLED_07,
+        SAMPLED_10, OFFLINE_64, SERVER_16, SERVER_SAMPLED, GPU)
 #: The figure: lines of panels, each a title and the rows it draws.
 PANELS = (
-    (("CPU, one request at a time, greedy", (GREEDY_SMOLLM, GREEDY_QWEN)),
+    (("CPU, one request at a time, greedy", (GREEDY_SMOLLM, GREEDY_QWEN, GREEDY_QWEN_15)),
      ("CPU, one request at a time, sampled", (SAMPLED_07, SAMPLED_10)),
      ("GPU, greedy", (GPU,))),
     (("CPU under load, greedy", (OFFLINE_64, SERVER_16)),
