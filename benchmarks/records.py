@@ -162,8 +162,8 @@ def proposer_delta(before: dict | None, after: dict | None) -> dict | None:
     """A measurement's share of the proposer's counters (``ProposerStats`` fields, or
     ``proposer_counters``): steps, seconds, the cut's kept tokens (estimated, matched),
     its cut tokens (all, and those the text then matched), the steps it did not draft,
-    the steps with trees and their nodes off the main drafts, lookahead's accepted tokens by draft source; and the step cost the cut fitted by
-    the end."""
+    the steps with trees and their nodes off the main drafts, lookahead's accepted tokens
+    by draft source; and the step cost the cut fitted by the end."""
     if not before or not after:
         return None
     delta = {field: after[field] - before.get(field, 0) for field in PROPOSER_FIELDS
