@@ -262,8 +262,8 @@ def _trees(row: dict) -> str:
     main drafts per tree step (the tree's extra tokens)."""
     if row.get("tree_steps") is None:
         return "n/a"
-    if not row["tree_steps"]:
-        return "0"
+    if not row["tree_steps"]:  # MTAD counts tree nodes, not tree steps
+        return f"n/a ({row['tree_nodes']:.0f} nodes)" if row.get("tree_nodes") else "0"
     return f"{row['tree_steps']:.0f} ({row['tree_nodes'] / row['tree_steps']:.1f})"
 
 

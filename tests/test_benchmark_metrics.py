@@ -209,6 +209,8 @@ def test_summary_rows_speedup_compression_and_acceptance():
     assert overall["accepted_share_by_source"] == {"context": 0.75, "pool": 0.25, "tree": 0.0}
     assert (overall["tree_steps"], overall["tree_nodes"]) == (2, 9)
     assert report._trees(overall) == "2 (4.5)" and report._trees(rows[("x", "qa")]) == "n/a"
+    assert report._trees({"tree_steps": 0, "tree_nodes": 0}) == "0"
+    assert report._trees({"tree_steps": 0, "tree_nodes": 7}) == "n/a (7 nodes)"  # MTAD
     assert rows[("x", "qa")]["accepted_share_by_source"] is None  # whole measurements only
     # shares are of vLLM's accepted tokens: what the sources miss shows as uncounted
     fast["proposer"]["accepted_by_source"] = {"context": 1, "pool": 1, "tree": 0}
