@@ -202,17 +202,16 @@ def _proposer(m: dict | None) -> dict:
     in); the draft tokens the cut kept: their acceptance estimated, summed, and matched;
     the steps that verified trees and the tree nodes off the main drafts."""
     stats = (m and m.get("proposer")) or {}
-    kept = {"kept_tokens_expected": stats.get("kept_tokens_expected"),
-            "kept_tokens_matched": stats.get("kept_tokens_matched"),
-            "tree_steps": stats.get("tree_steps"), "tree_nodes": stats.get("tree_nodes")}
+    counted = {field: stats.get(field) for field in
+               ("kept_tokens_expected", "kept_tokens_matched", "tree_steps", "tree_nodes")}
     steps = m and (m.get("engine_steps") or stats.get("steps"))
     if not stats.get("steps") or not steps:
         return {"proposer_ms_per_step": None, "mean_step_ms": None, "proposer_share": None,
-                **kept}
+                **counted}
     per_step = stats["seconds"] / stats["steps"] * 1e3
     mean_step = m["wall_seconds"] / steps * 1e3
     return {"proposer_ms_per_step": per_step, "mean_step_ms": mean_step,
-            "proposer_share": per_step / mean_step, **kept}
+            "proposer_share": per_step / mean_step, **counted}
 
 
 def _accepted_shares(m: dict | None, accepted: int) -> dict[str, float] | None:
